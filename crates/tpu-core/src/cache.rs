@@ -1,0 +1,168 @@
+//! The compile cache: each distinct program is compiled once per client.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::pjrt::{Client, CompileOptions, Executable};
+
+/// What identifies a compiled program: the program text (which carries its
+/// input types), the options (replicas, partitions, placement), and the
+/// client with its plugin identity and API version.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct CacheKey {
+    client: u64,
+    plugin: Arc<str>,
+    program: Arc<str>,
+    options: CompileOptions,
+}
+
+struct Slot {
+    executable: Arc<Executable>,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct Entries {
+    slots: HashMap<CacheKey, Slot>,
+    clock: u64,
+}
+
+/// Counters of a [`CompileCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Programs compiled (misses).
+    pub compiles: u64,
+    /// Lookups served from the cache.
+    pub hits: u64,
+    /// Executables dropped to stay within capacity.
+    pub evictions: u64,
+    /// Total time spent compiling.
+    pub compile_time: Duration,
+}
+
+/// An in-memory LRU cache of executables.
+pub struct CompileCache {
+    capacity: usize,
+    entries: Mutex<Entries>,
+    compiles: AtomicU64,
+    hits: AtomicU64,
+    evictions: AtomicU64,
+    compile_nanos: AtomicU64,
+}
+
+impl CompileCache {
+    /// A cache holding at most `capacity` executables (at least one).
+    pub fn new(capacity: usize) -> CompileCache {
+        CompileCache {
+            capacity: capacity.max(1),
+            entries: Mutex::default(),
+            compiles: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            compile_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// The cached executable for `program`, compiling it on a miss.
+    pub fn get_or_compile(
+        &self,
+        client: &Client,
+        program: &str,
+        options: &CompileOptions,
+    ) -> Result<Arc<Executable>> {
+        let key = CacheKey {
+            client: client.id(),
+            plugin: client.identity().into(),
+            program: program.into(),
+            options: options.clone(),
+        };
+        if let Some(hit) = self.lookup(&key) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(hit);
+        }
+        let started = Instant::now();
+        let executable = Arc::new(client.compile(program, options)?);
+        let nanos = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.compile_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.compiles.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(program = %executable.signature().name, ms = nanos / 1_000_000, "compiled");
+        self.insert(key, executable.clone());
+        Ok(executable)
+    }
+
+    fn lookup(&self, key: &CacheKey) -> Option<Arc<Executable>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.clock += 1;
+        let now = entries.clock;
+        entries.slots.get_mut(key).map(|slot| {
+            slot.last_used = now;
+            slot.executable.clone()
+        })
+    }
+
+    fn insert(&self, key: CacheKey, executable: Arc<Executable>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.clock += 1;
+        let now = entries.clock;
+        if entries.slots.len() >= self.capacity && !entries.slots.contains_key(&key) {
+            let oldest = entries
+                .slots
+                .iter()
+                .min_by_key(|(_, slot)| slot.last_used)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                entries.slots.remove(&oldest);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        entries.slots.insert(
+            key,
+            Slot {
+                executable,
+                last_used: now,
+            },
+        );
+    }
+
+    /// Number of cached executables.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every cached executable (counters are kept).
+    pub fn clear(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .clear();
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            compiles: self.compiles.load(Ordering::Relaxed),
+            hits: self.hits.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            compile_time: Duration::from_nanos(self.compile_nanos.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl Default for CompileCache {
+    fn default() -> CompileCache {
+        CompileCache::new(1024)
+    }
+}

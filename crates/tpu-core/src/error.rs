@@ -1,0 +1,192 @@
+//! The error type of tpu-core.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::{DType, Shape};
+
+/// Result with tpu-core's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong below the op layer. Each variant names what
+/// failed and on which device or plugin, so messages stand on their own.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    /// No plugin matched a name, or a path does not exist.
+    #[error("no PJRT plugin `{name}` found (searched: {searched}); {hint}")]
+    PluginNotFound {
+        /// What was asked for: a name like `cpu` or a path.
+        name: String,
+        /// Where we looked.
+        searched: String,
+        /// How to get one.
+        hint: String,
+    },
+    /// The file exists but is not a usable PJRT plugin.
+    #[error("cannot load PJRT plugin {path}: {reason}")]
+    PluginLoad {
+        /// The plugin file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The plugin's function table does not reach a function we need.
+    #[error("PJRT plugin {plugin} (API {api}) does not provide {function}")]
+    MissingFunction {
+        /// The PJRT function, e.g. `PJRT_Client_Create`.
+        function: &'static str,
+        /// The plugin file name.
+        plugin: String,
+        /// The plugin's PJRT API version.
+        api: String,
+    },
+    /// libtpu loaded but found no TPU chips on this machine.
+    #[error(
+        "no TPU found on this machine (libtpu: {detail}); use TPU_RS_PLUGIN=cpu to run on the XLA CPU plugin"
+    )]
+    NoTpuFound {
+        /// libtpu's own message.
+        detail: String,
+    },
+    /// A PJRT call returned an error.
+    #[error("{call} failed in {plugin} ({code}): {message}")]
+    Pjrt {
+        /// The PJRT function that failed.
+        call: &'static str,
+        /// The plugin's file name.
+        plugin: String,
+        /// PJRT's status code.
+        code: ErrorCode,
+        /// PJRT's message.
+        message: String,
+    },
+    /// A compile or client option was rejected before reaching the plugin.
+    #[error("invalid option `{option}`: {reason}")]
+    InvalidOption {
+        /// The option's name.
+        option: &'static str,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A device index beyond the client's addressable devices.
+    #[error("device index {index} is out of range: {platform} has {count} device(s)")]
+    DeviceOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// How many devices there are.
+        count: usize,
+        /// The platform.
+        platform: String,
+    },
+    /// Host data whose length does not match dtype and shape.
+    #[error("a {dtype} buffer of shape {shape} needs {expected} bytes, got {actual}")]
+    BufferSize {
+        /// Element type.
+        dtype: DType,
+        /// Shape.
+        shape: Shape,
+        /// Bytes the dtype and shape need.
+        expected: usize,
+        /// Bytes provided.
+        actual: usize,
+    },
+    /// A typed read of a buffer with another dtype.
+    #[error("cannot read a {actual} buffer as {expected}")]
+    DTypeMismatch {
+        /// The requested dtype.
+        expected: DType,
+        /// The buffer's dtype.
+        actual: DType,
+    },
+    /// An element type the runtime cannot carry.
+    #[error("unsupported element type `{0}`")]
+    UnsupportedType(String),
+    /// An executable was given the wrong number of arguments.
+    #[error("executable `{program}` takes {expected} argument(s), got {actual}")]
+    ArgumentCount {
+        /// The program's name.
+        program: String,
+        /// Parameters the program declares.
+        expected: usize,
+        /// Arguments given.
+        actual: usize,
+    },
+    /// An executable argument of the wrong type, shape or device.
+    #[error("executable `{program}` argument {index}: expected {expected}, got {actual}")]
+    ArgumentMismatch {
+        /// The program's name.
+        program: String,
+        /// The argument's position.
+        index: usize,
+        /// What the program declares.
+        expected: String,
+        /// What was given.
+        actual: String,
+    },
+    /// An executable was given argument lists for the wrong number of devices.
+    #[error("executable `{program}` runs on {expected} device(s), got argument lists for {actual}")]
+    DeviceCount {
+        /// The program's name.
+        program: String,
+        /// Devices the executable runs on.
+        expected: usize,
+        /// Argument lists given.
+        actual: usize,
+    },
+    /// A StableHLO program whose entry signature we cannot read.
+    #[error("cannot read the signature of @main: {0}")]
+    Signature(String),
+}
+
+/// PJRT's status codes (the absl codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum ErrorCode {
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl ErrorCode {
+    /// The code for PJRT's integer value; anything unknown is `Unknown`.
+    pub fn from_raw(code: u32) -> ErrorCode {
+        use ErrorCode::*;
+        match code {
+            1 => Cancelled,
+            3 => InvalidArgument,
+            4 => DeadlineExceeded,
+            5 => NotFound,
+            6 => AlreadyExists,
+            7 => PermissionDenied,
+            8 => ResourceExhausted,
+            9 => FailedPrecondition,
+            10 => Aborted,
+            11 => OutOfRange,
+            12 => Unimplemented,
+            13 => Internal,
+            14 => Unavailable,
+            15 => DataLoss,
+            16 => Unauthenticated,
+            _ => Unknown,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}

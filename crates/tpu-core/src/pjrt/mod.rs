@@ -1,0 +1,20 @@
+//! The PJRT runtime: plugins, clients, buffers, compilation and execution.
+//!
+//! All `unsafe` code of tpu-rs lives in this module, and every call into a
+//! plugin goes through [`ffi`]'s padded-argument helper.
+
+mod buffer;
+mod client;
+pub mod discovery;
+mod event;
+mod executable;
+pub(crate) mod ffi;
+mod options;
+mod plugin;
+
+pub use buffer::Buffer;
+pub use client::{Client, ClientOptions, DeviceDescription, MemoryStats};
+pub use event::Event;
+pub use executable::{Arg, Executable};
+pub use options::CompileOptions;
+pub use plugin::{AttributeValue, Plugin};

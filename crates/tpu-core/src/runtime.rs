@@ -1,0 +1,98 @@
+//! The process-wide runtime behind `tpu:N`: one client on the chosen plugin
+//! and its compile cache.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::cache::CompileCache;
+use crate::error::{Error, Result};
+use crate::pjrt::{Client, ClientOptions, CompileOptions, Executable, Plugin};
+
+/// A client and its compile cache.
+pub struct Runtime {
+    client: Client,
+    cache: CompileCache,
+}
+
+impl Runtime {
+    /// A runtime on `plugin`.
+    pub fn new(plugin: &'static Plugin, options: &ClientOptions) -> Result<Runtime> {
+        Ok(Runtime {
+            client: Client::new(plugin, options)?,
+            cache: CompileCache::default(),
+        })
+    }
+
+    /// The shared runtime, created on first use from `TPU_RS_PLUGIN` (or
+    /// discovery) and `TPU_RS_CPU_DEVICES` (device count of CPU plugins).
+    pub fn global() -> Result<&'static Runtime> {
+        static GLOBAL: OnceLock<Result<Runtime>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| {
+                let options = ClientOptions {
+                    cpu_device_count: cpu_devices_from_env()?,
+                };
+                Runtime::new(Plugin::from_env()?, &options)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The compile cache.
+    pub fn cache(&self) -> &CompileCache {
+        &self.cache
+    }
+
+    /// Compiles `program` through the cache.
+    pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Arc<Executable>> {
+        self.cache.get_or_compile(&self.client, program, options)
+    }
+
+    /// A description of device `index` that names the real platform, so a
+    /// CPU run is never mistaken for a TPU run.
+    pub fn describe(&self, index: usize) -> Result<String> {
+        let device = self
+            .client
+            .devices()
+            .into_iter()
+            .nth(index)
+            .ok_or_else(|| Error::DeviceOutOfRange {
+                index,
+                count: self.client.device_count(),
+                platform: self.client.platform_name().to_string(),
+            })?;
+        let plugin = self.client.plugin();
+        let (major, minor) = plugin.api_version();
+        let file = plugin
+            .path()
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(format!(
+            "tpu:{index} = {} ({}) via PJRT plugin {file} (API {major}.{minor}), device {} of {}",
+            self.client.platform_name(),
+            device.kind,
+            index,
+            self.client.device_count()
+        ))
+    }
+}
+
+fn cpu_devices_from_env() -> Result<Option<usize>> {
+    match std::env::var("TPU_RS_CPU_DEVICES") {
+        Err(_) => Ok(None),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| Error::InvalidOption {
+                option: "cpu_device_count",
+                reason: format!("TPU_RS_CPU_DEVICES must be a positive integer, got `{v}`"),
+            }),
+    }
+}

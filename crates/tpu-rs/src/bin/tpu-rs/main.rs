@@ -1,0 +1,98 @@
+//! The `tpu-rs` command: install PJRT plugins and inspect devices.
+
+mod install;
+
+use std::process::ExitCode;
+
+use tpu_rs::discovery::{self, KNOWN_PLUGINS};
+use tpu_rs::{Plugin, Runtime};
+
+const USAGE: &str = "usage:
+  tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu, xla-cpu, jax-cpu, tpu)
+  tpu-rs plugin list                        known plugins and where they are installed
+  tpu-rs devices                            the devices of the plugin TPU_RS_PLUGIN selects";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match words.as_slice() {
+        ["plugin", "install", rest @ ..] if !rest.is_empty() => install_plugins(rest),
+        ["plugin", "list"] => {
+            list_plugins();
+            Ok(())
+        }
+        ["devices"] => show_devices(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tpu-rs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn install_plugins(words: &[&str]) -> Result<(), String> {
+    let force = words.contains(&"--force");
+    for name in words.iter().filter(|w| !w.starts_with("--")) {
+        let name = if *name == "cpu" { "xla-cpu" } else { name };
+        let plugin = discovery::known_plugin(name).ok_or_else(|| {
+            let names: Vec<&str> = KNOWN_PLUGINS.iter().map(|p| p.name).collect();
+            format!("unknown plugin `{name}`; known: {}", names.join(", "))
+        })?;
+        let path = install::install(plugin, force)?;
+        println!(
+            "{} {} -> {}",
+            plugin.package,
+            plugin.version,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn list_plugins() {
+    let installed = discovery::installed_plugins();
+    for plugin in KNOWN_PLUGINS {
+        let location = installed
+            .iter()
+            .find(|(p, _)| p.name == plugin.name)
+            .map(|(_, path)| path.display().to_string())
+            .unwrap_or_else(|| "not installed".to_string());
+        println!(
+            "{:<8} {:<4} {:<20} {:<7} {location}",
+            plugin.name, plugin.platform, plugin.package, plugin.version
+        );
+    }
+}
+
+fn show_devices() -> Result<(), String> {
+    let plugin = Plugin::from_env().map_err(|e| e.to_string())?;
+    let (major, minor) = plugin.api_version();
+    println!("plugin   {}", plugin.path().display());
+    println!("PJRT API {major}.{minor}");
+    for (name, value) in plugin.attributes() {
+        println!("  {name} = {value:?}");
+    }
+    let runtime = Runtime::global().map_err(|e| e.to_string())?;
+    let client = runtime.client();
+    println!(
+        "platform {} {}",
+        client.platform_name(),
+        client.platform_version()
+    );
+    for device in client.devices() {
+        println!(
+            "{}",
+            runtime.describe(device.index).map_err(|e| e.to_string())?
+        );
+        if let Ok(Some(stats)) = client.memory_stats(device.index) {
+            println!("  memory: {stats:?}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! `cargo xtask`: the project's tasks, each setting up what it needs first.
+//!
+//! - `cargo xtask setup`: system packages and the pinned PJRT plugins.
+//! - `cargo xtask run`:   the main job, a model trained on the `tpu` device.
+//! - `cargo xtask test`:  every test, on two CPU plugins and libtpu.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+/// Debian packages the PJRT bindings need to build.
+const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libclang-dev"];
+
+/// Plugins the tests run on: two CPU plugins with different PJRT API versions,
+/// and libtpu for the no-TPU error path.
+const TEST_PLUGINS: &[&str] = &["xla-cpu", "jax-cpu", "tpu"];
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1).unwrap_or_default();
+    let result = match task.as_str() {
+        "setup" => setup(&["xla-cpu"]),
+        "run" => setup(&["xla-cpu"]).and_then(|()| main_job()),
+        "test" => setup(TEST_PLUGINS).and_then(|()| test()),
+        _ => {
+            eprintln!("usage: cargo xtask setup|run|test");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn setup(plugins: &[&str]) -> Result<(), String> {
+    install_system_packages()?;
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "tpu-rs",
+        "--bin",
+        "tpu-rs",
+        "--",
+    ])
+    .args(["plugin", "install"])
+    .args(plugins);
+    run(&mut cmd)
+}
+
+fn main_job() -> Result<(), String> {
+    run(cargo().args(["run", "--release", "-p", "tpu-rs", "--example", "mlp"]))
+}
+
+fn test() -> Result<(), String> {
+    run(cargo()
+        .args(["test", "--workspace", "--release"])
+        .env("TPU_RS_PLUGIN", "xla-cpu")
+        .env("TPU_RS_REQUIRE_LIBTPU", "1"))?;
+    // The runtime suite again on a plugin with a newer PJRT API.
+    run(cargo()
+        .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
+        .env("TPU_RS_PLUGIN", "jax-cpu"))
+}
+
+/// protoc and libclang, through apt-get when missing (as root), else a clear
+/// instruction.
+fn install_system_packages() -> Result<(), String> {
+    let has_protoc = Command::new("protoc").arg("--version").output().is_ok();
+    if has_protoc && has_libclang() {
+        return Ok(());
+    }
+    let as_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !as_root {
+        return Err(format!(
+            "missing build tools; run: sudo apt-get install -y {}",
+            APT_PACKAGES.join(" ")
+        ));
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(APT_PACKAGES)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn has_libclang() -> bool {
+    if std::env::var_os("LIBCLANG_PATH").is_some() {
+        return true;
+    }
+    let dirs = [
+        "/usr/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+    ];
+    dirs.iter().any(|dir| contains_libclang(Path::new(dir)))
+        || std::fs::read_dir("/usr/lib")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("llvm-"))
+            .any(|e| contains_libclang(&e.path().join("lib")))
+}
+
+fn contains_libclang(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("libclang"))
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string()))
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    eprintln!("xtask: {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("running {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed with {status}"))
+    }
+}
