@@ -133,6 +133,36 @@ pub enum Error {
         /// Argument lists given.
         actual: usize,
     },
+    /// No op of that name is registered.
+    #[error("unknown op `{name}`; registered ops: {known}")]
+    UnknownOp {
+        /// The name asked for.
+        name: String,
+        /// Every registered name, sorted.
+        known: String,
+    },
+    /// Two op records share a name.
+    #[error("op `{name}` is registered twice: at {first} and at {second}")]
+    DuplicateOp {
+        /// The shared name.
+        name: String,
+        /// One definition.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+    },
+    /// An op called with inputs or attributes it cannot take.
+    #[error("op `{op}` on {device} with inputs ({inputs}): {reason}")]
+    InvalidInput {
+        /// The op.
+        op: String,
+        /// The input types, e.g. `f32[2, 3], f32[4]`.
+        inputs: String,
+        /// Where it was to run.
+        device: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A StableHLO program whose entry signature we cannot read.
     #[error("cannot read the signature of @main: {0}")]
     Signature(String),

@@ -24,6 +24,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod host;
+pub mod op;
 pub mod pjrt;
 mod runtime;
 mod shape;
@@ -33,7 +34,7 @@ pub use cache::{CacheStats, CompileCache};
 pub use device::{Device, ParseDeviceError};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorCode, Result};
-pub use host::HostBuffer;
+pub use host::{HostBuffer, HostTensor};
 pub use pjrt::{
     Arg, Buffer, Client, ClientOptions, CompileOptions, DeviceDescription, Event, Executable,
     MemoryStats, Plugin,

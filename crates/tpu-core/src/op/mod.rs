@@ -1,0 +1,146 @@
+//! Ops: the record every op submits ([`OpDef`]), the registry that collects
+//! them, the tape interface backward rules are written against, and the
+//! dispatcher that runs an op on the host reference or on a PJRT device.
+//!
+//! An op crate submits records with `inventory::submit!`; nothing else needs
+//! to change for an op to reach every layer.
+
+mod attrs;
+mod dispatch;
+mod host_tape;
+mod registry;
+mod sample_gen;
+mod tape;
+
+pub use attrs::{Attr, Attrs};
+pub use dispatch::{check_inputs, run_on_device, run_reference, single_op_program};
+pub use host_tape::HostTape;
+pub use registry::{OpId, Registry, registry};
+pub use sample_gen::Gen;
+pub use tape::{Tape, Var, VjpArgs};
+
+use crate::DType;
+use crate::host::{HostTensor, Tolerance};
+use crate::stablehlo::{Builder, TensorType, Value};
+
+/// What op implementations return: a reason string on bad input. The
+/// dispatcher turns it into an [`crate::Error::InvalidInput`] naming the op,
+/// the input types and the device.
+pub type OpResult<T> = std::result::Result<T, String>;
+
+/// Shape and dtype inference: pure, and the first thing every call runs.
+pub type InferFn = fn(&[TensorType], &Attrs) -> OpResult<Vec<TensorType>>;
+/// StableHLO lowering of one call, given already-inferred inputs.
+pub type LowerFn = fn(&mut Builder, &[Value], &Attrs) -> OpResult<Vec<Value>>;
+/// The CPU reference: deliberately simple, computed in f64 / i64.
+pub type ReferenceFn = fn(&[HostTensor], &Attrs) -> OpResult<Vec<HostTensor>>;
+/// The backward rule, written in terms of other ops.
+pub type VjpFn = fn(&mut dyn Tape, &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>;
+
+/// How many inputs an op takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arity {
+    /// Exactly this many.
+    Exactly(usize),
+    /// At least this many (concat, stack).
+    AtLeast(usize),
+}
+
+impl Arity {
+    /// True when `n` inputs are acceptable.
+    pub fn accepts(self, n: usize) -> bool {
+        match self {
+            Arity::Exactly(k) => n == k,
+            Arity::AtLeast(k) => n >= k,
+        }
+    }
+}
+
+/// Properties of an op that policies and tests rely on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Flags(u32);
+
+impl Flags {
+    /// No flags.
+    pub const NONE: Flags = Flags(0);
+    /// Output element `i` depends only on input elements `i` (after broadcasting).
+    pub const ELEMENTWISE: Flags = Flags(1);
+    /// Reduces over dimensions.
+    pub const REDUCTION: Flags = Flags(1 << 1);
+    /// Only moves or reinterprets data (reshape, transpose, slice).
+    pub const VIEW: Flags = Flags(1 << 2);
+    /// Needs its inputs on the host (its output shape depends on values).
+    pub const HOST_SYNC: Flags = Flags(1 << 3);
+    /// Draws random numbers from an explicit key.
+    pub const RANDOM: Flags = Flags(1 << 4);
+    /// Must not be fused into a larger graph.
+    pub const NOT_FUSIBLE: Flags = Flags(1 << 5);
+    /// Has float inputs and outputs but no gradient (argmax-like).
+    pub const NOT_DIFFERENTIABLE: Flags = Flags(1 << 6);
+
+    /// Both sets of flags.
+    pub const fn union(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
+    }
+
+    /// True when every flag of `other` is set.
+    pub const fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// One set of inputs and attributes for an op, for tests and docs.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// The inputs.
+    pub inputs: Vec<HostTensor>,
+    /// The attributes.
+    pub attrs: Attrs,
+}
+
+impl Sample {
+    /// A sample from its parts.
+    pub fn new(inputs: Vec<HostTensor>, attrs: Attrs) -> Sample {
+        Sample { inputs, attrs }
+    }
+}
+
+/// Everything every layer needs to know about one op.
+pub struct OpDef {
+    /// Stable name, e.g. `"add"`.
+    pub name: &'static str,
+    /// Number of inputs.
+    pub arity: Arity,
+    /// Properties.
+    pub flags: Flags,
+    /// Dtypes the op accepts (for its main input), for tests and docs.
+    pub dtypes: &'static [DType],
+    /// Shape and dtype inference.
+    pub infer: InferFn,
+    /// StableHLO lowering.
+    pub lower: LowerFn,
+    /// CPU reference.
+    pub reference: ReferenceFn,
+    /// Backward rule; `None` for ops without a gradient.
+    pub vjp: Option<VjpFn>,
+    /// How close the device result must be to the reference, per dtype.
+    pub tolerance: fn(DType) -> Tolerance,
+    /// Hand-picked inputs, awkward sizes included.
+    pub samples: fn() -> Vec<Sample>,
+    /// A random valid call, for property tests.
+    pub arbitrary: fn(&mut Gen) -> Sample,
+    /// Where the record is defined (`file:line`), for duplicate errors.
+    pub location: &'static str,
+}
+
+inventory::collect!(OpDef);
+
+impl std::fmt::Debug for OpDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpDef")
+            .field("name", &self.name)
+            .field("arity", &self.arity)
+            .field("location", &self.location)
+            .finish()
+    }
+}

@@ -1,0 +1,149 @@
+//! The interface backward rules are written against: a tape that can call
+//! any registered op on symbolic values. The same rule then runs on the host
+//! reference (for finite-difference checks), under autograd on any device,
+//! and inside fused graphs.
+
+use super::{Attrs, OpResult};
+use crate::stablehlo::TensorType;
+use crate::{DType, Shape};
+
+/// A value on a [`Tape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Var(pub usize);
+
+/// Something that records or evaluates op calls.
+pub trait Tape {
+    /// Calls op `op` on `inputs`.
+    fn call(&mut self, op: &str, inputs: &[Var], attrs: Attrs) -> OpResult<Vec<Var>>;
+    /// The type of `v`.
+    fn ty(&self, v: Var) -> TensorType;
+}
+
+/// What a backward rule sees of the forward call.
+pub struct VjpArgs<'a> {
+    /// The forward inputs.
+    pub inputs: &'a [Var],
+    /// The forward outputs.
+    pub outputs: &'a [Var],
+    /// The gradient of each output (zeros where the output is unused).
+    pub grads: &'a [Var],
+    /// The forward attributes.
+    pub attrs: &'a Attrs,
+}
+
+impl dyn Tape + '_ {
+    /// Calls a single-output op.
+    pub fn call1(&mut self, op: &str, inputs: &[Var], attrs: Attrs) -> OpResult<Var> {
+        let mut outs = self.call(op, inputs, attrs)?;
+        match outs.len() {
+            1 => Ok(outs.remove(0)),
+            n => Err(format!(
+                "op `{op}` returned {n} outputs where one was expected"
+            )),
+        }
+    }
+
+    /// A tensor shaped like `like`, filled with `value`.
+    pub fn full_like(&mut self, like: Var, value: f64) -> OpResult<Var> {
+        let ty = self.ty(like);
+        self.full(ty.dtype, &ty.shape, value)
+    }
+
+    /// A tensor of `shape` filled with `value`.
+    pub fn full(&mut self, dtype: DType, shape: &Shape, value: f64) -> OpResult<Var> {
+        let attrs = Attrs::new()
+            .with("shape", shape.dims())
+            .with("dtype", dtype)
+            .with("value", value);
+        self.call1("full", &[], attrs)
+    }
+
+    /// `a + b`.
+    pub fn add(&mut self, a: Var, b: Var) -> OpResult<Var> {
+        self.call1("add", &[a, b], Attrs::new())
+    }
+
+    /// `a - b`.
+    pub fn sub(&mut self, a: Var, b: Var) -> OpResult<Var> {
+        self.call1("sub", &[a, b], Attrs::new())
+    }
+
+    /// `a * b`.
+    pub fn mul(&mut self, a: Var, b: Var) -> OpResult<Var> {
+        self.call1("mul", &[a, b], Attrs::new())
+    }
+
+    /// `a / b`.
+    pub fn div(&mut self, a: Var, b: Var) -> OpResult<Var> {
+        self.call1("div", &[a, b], Attrs::new())
+    }
+
+    /// `-a`.
+    pub fn neg(&mut self, a: Var) -> OpResult<Var> {
+        self.call1("neg", &[a], Attrs::new())
+    }
+
+    /// `a * value`.
+    pub fn scale(&mut self, a: Var, value: f64) -> OpResult<Var> {
+        let c = self.full_like(a, value)?;
+        self.mul(a, c)
+    }
+
+    /// Unary op `op` of `a`.
+    pub fn unary(&mut self, op: &str, a: Var) -> OpResult<Var> {
+        self.call1(op, &[a], Attrs::new())
+    }
+
+    /// `a` cast to `dtype`.
+    pub fn cast(&mut self, a: Var, dtype: DType) -> OpResult<Var> {
+        if self.ty(a).dtype == dtype {
+            return Ok(a);
+        }
+        self.call1("cast", &[a], Attrs::new().with("dtype", dtype))
+    }
+
+    /// `a` reshaped to `shape`.
+    pub fn reshape(&mut self, a: Var, shape: &Shape) -> OpResult<Var> {
+        if self.ty(a).shape == *shape {
+            return Ok(a);
+        }
+        self.call1("reshape", &[a], Attrs::new().with("shape", shape.dims()))
+    }
+
+    /// `a` broadcast to `shape` (NumPy rules).
+    pub fn broadcast_to(&mut self, a: Var, shape: &Shape) -> OpResult<Var> {
+        if self.ty(a).shape == *shape {
+            return Ok(a);
+        }
+        self.call1(
+            "broadcast_to",
+            &[a],
+            Attrs::new().with("shape", shape.dims()),
+        )
+    }
+
+    /// Sum of `a` over `dims`, keeping them as size 1 when `keepdim`.
+    pub fn sum(&mut self, a: Var, dims: &[usize], keepdim: bool) -> OpResult<Var> {
+        let attrs = Attrs::new().with("dims", dims).with("keepdim", keepdim);
+        self.call1("sum", &[a], attrs)
+    }
+
+    /// Undoes NumPy broadcasting: sums `grad` down to `shape`, the shape of
+    /// the input that was broadcast.
+    pub fn sum_to(&mut self, grad: Var, shape: &Shape) -> OpResult<Var> {
+        let gshape = self.ty(grad).shape;
+        if gshape == *shape {
+            return Ok(grad);
+        }
+        let lead = gshape.rank().saturating_sub(shape.rank());
+        let dims: Vec<usize> = (0..gshape.rank())
+            .filter(|&d| d < lead || (shape.dims()[d - lead] == 1 && gshape.dims()[d] != 1))
+            .collect();
+        let summed = if dims.is_empty() {
+            grad
+        } else {
+            self.sum(grad, &dims, true)?
+        };
+        self.reshape(summed, shape)
+    }
+}

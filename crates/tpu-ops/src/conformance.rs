@@ -1,0 +1,284 @@
+//! The shared conformance harness: every op against its own reference on
+//! any execution path, and every backward rule against finite differences.
+//! Written once; the op tests, the eager policies and the bridge reuse it.
+
+use tpu_core::host::{HostData, HostTensor};
+use tpu_core::op::{
+    Attrs, Gen, HostTape, OpDef, Sample, Tape, Var, VjpArgs, run_on_device, run_reference,
+};
+use tpu_core::{DType, HostBuffer, Result, Runtime};
+
+/// An op's hand-picked samples followed by `random` generated ones.
+pub fn cases(op: &OpDef, random: usize, seed: u64) -> Vec<Sample> {
+    let mut all = (op.samples)();
+    let mut g = Gen::new(seed);
+    all.extend((0..random).map(|_| (op.arbitrary)(&mut g)));
+    all
+}
+
+/// Runs `op` as a single-op program on device `device` of `runtime`:
+/// upload, execute, download.
+pub fn run_on_tpu(
+    runtime: &Runtime,
+    device: usize,
+    op: &OpDef,
+    inputs: &[HostTensor],
+    attrs: &Attrs,
+) -> Result<Vec<HostTensor>> {
+    let client = runtime.client();
+    let buffers = inputs
+        .iter()
+        .map(|x| x.to_buffer().upload(client, device))
+        .collect::<Result<Vec<_>>>()?;
+    let refs: Vec<_> = buffers.iter().collect();
+    let outputs = run_on_device(runtime, device, op, &refs, attrs)?;
+    outputs
+        .iter()
+        .map(|b| HostBuffer::download(b).map(|h| HostTensor::from_buffer(&h)))
+        .collect()
+}
+
+fn describe(sample: &Sample) -> String {
+    let types: Vec<String> = sample.inputs.iter().map(|x| x.ty().to_string()).collect();
+    format!("inputs ({}) attrs {}", types.join(", "), sample.attrs)
+}
+
+/// Checks one sample: `run` must agree with the reference within the op's
+/// tolerance for each output dtype.
+pub fn check_sample(
+    op: &OpDef,
+    sample: &Sample,
+    run: impl Fn(&OpDef, &[HostTensor], &Attrs) -> Result<Vec<HostTensor>>,
+) -> std::result::Result<(), String> {
+    let fail = |why: String| Err(format!("{}: {} — {why}", op.name, describe(sample)));
+    let expected = match run_reference(op, &sample.inputs, &sample.attrs) {
+        Ok(e) => e,
+        Err(e) => return fail(format!("reference failed: {e}")),
+    };
+    let actual = match run(op, &sample.inputs, &sample.attrs) {
+        Ok(a) => a,
+        Err(e) => return fail(format!("run failed: {e}")),
+    };
+    if actual.len() != expected.len() {
+        return fail(format!(
+            "{} outputs, reference has {}",
+            actual.len(),
+            expected.len()
+        ));
+    }
+    for (i, (a, e)) in actual.iter().zip(&expected).enumerate() {
+        if let Err(why) = tpu_core::host::assert_close(a, e, (op.tolerance)(e.dtype())) {
+            return fail(format!("output {i}: {why}"));
+        }
+    }
+    Ok(())
+}
+
+/// True when `x` carries a gradient (a float tensor).
+fn differentiable(x: &HostTensor) -> bool {
+    x.dtype().is_float()
+}
+
+fn dot(a: &HostTensor, b: &HostTensor) -> f64 {
+    let (a, b) = (a.to_f64(), b.to_f64());
+    a.iter().zip(b.iter()).map(|(x, y)| x * y).sum()
+}
+
+fn axpy(x: &HostTensor, dir: &HostTensor, eps: f64) -> HostTensor {
+    let (x64, d) = (x.to_f64(), dir.to_f64());
+    HostTensor::float(DType::F64, &x64 + &(d * eps))
+}
+
+/// Checks `op`'s backward rule on `sample` (float inputs promoted to f64)
+/// against central finite differences of its reference, along one random
+/// direction: `<vjp(g), v> ≈ <g, (f(x + εv) - f(x - εv)) / 2ε>`.
+pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<(), String> {
+    let Some(vjp) = op.vjp else {
+        return Ok(());
+    };
+    let fail = |why: String| {
+        Err(format!(
+            "{} backward: {} — {why}",
+            op.name,
+            describe(sample)
+        ))
+    };
+    // Promote to f64 and nudge off the low-precision grid, so finite
+    // differences never straddle a kink at a representable value.
+    let mut g = Gen::new(seed);
+    let inputs: Vec<HostTensor> = sample
+        .inputs
+        .iter()
+        .map(|x| {
+            if differentiable(x) {
+                let jitter = g.tensor_in(DType::F64, &x.shape(), -1e-4, 1e-4);
+                HostTensor::float(DType::F64, x.to_f64() + jitter.to_f64())
+            } else {
+                x.clone()
+            }
+        })
+        .collect();
+    if !inputs.iter().any(differentiable) {
+        return Ok(());
+    }
+    let outputs = match run_reference(op, &inputs, &sample.attrs) {
+        Ok(o) => o,
+        Err(e) => return fail(format!("reference failed in f64: {e}")),
+    };
+    // Finite differences need full-precision outputs; an op asked for a
+    // narrower or non-float output (cast to bf16, argmax) is not checked here.
+    if outputs
+        .iter()
+        .any(|o| o.dtype() != DType::F64 && o.dtype().is_float())
+        || !outputs.iter().any(differentiable)
+    {
+        return Ok(());
+    }
+    let cotangents: Vec<HostTensor> = outputs
+        .iter()
+        .map(|o| {
+            if differentiable(o) {
+                g.tensor_in(DType::F64, &o.shape(), -1.0, 1.0)
+            } else {
+                HostTensor::float(o.dtype(), o.to_f64().mapv(|_| 0.0))
+            }
+        })
+        .collect();
+    let directions: Vec<Option<HostTensor>> = inputs
+        .iter()
+        .map(|x| differentiable(x).then(|| g.tensor_in(DType::F64, &x.shape(), -1.0, 1.0)))
+        .collect();
+
+    let mut tape = HostTape::new();
+    let in_vars: Vec<Var> = inputs.iter().map(|x| tape.push(x.clone())).collect();
+    let out_vars: Vec<Var> = outputs.iter().map(|x| tape.push(x.clone())).collect();
+    let grad_vars: Vec<Var> = cotangents.iter().map(|x| tape.push(x.clone())).collect();
+    let args = VjpArgs {
+        inputs: &in_vars,
+        outputs: &out_vars,
+        grads: &grad_vars,
+        attrs: &sample.attrs,
+    };
+    let grads = match vjp(&mut tape as &mut dyn Tape, &args) {
+        Ok(gs) => gs,
+        Err(e) => return fail(format!("backward rule failed: {e}")),
+    };
+    if grads.len() != inputs.len() {
+        return fail(format!(
+            "{} gradients for {} inputs",
+            grads.len(),
+            inputs.len()
+        ));
+    }
+    let mut analytic = 0.0;
+    for ((grad, dir), x) in grads.iter().zip(&directions).zip(&inputs) {
+        match (grad, dir) {
+            (Some(gv), Some(d)) => {
+                let gt = tape.value(*gv);
+                if gt.ty() != x.ty() {
+                    return fail(format!("gradient {} for input {}", gt.ty(), x.ty()));
+                }
+                analytic += dot(gt, d);
+            }
+            (None, Some(_)) => return fail("no gradient for a float input".into()),
+            _ => {}
+        }
+    }
+    let eps = 1e-6;
+    let shifted = |sign: f64| -> std::result::Result<Vec<HostTensor>, String> {
+        let moved: Vec<HostTensor> = inputs
+            .iter()
+            .zip(&directions)
+            .map(|(x, d)| match d {
+                Some(d) => axpy(x, d, sign * eps),
+                None => x.clone(),
+            })
+            .collect();
+        run_reference(op, &moved, &sample.attrs).map_err(|e| e.to_string())
+    };
+    let (plus, minus) = match (shifted(1.0), shifted(-1.0)) {
+        (Ok(p), Ok(m)) => (p, m),
+        (Err(e), _) | (_, Err(e)) => {
+            return fail(format!("reference failed at a shifted point: {e}"));
+        }
+    };
+    let numeric: f64 = plus
+        .iter()
+        .zip(&minus)
+        .zip(&cotangents)
+        .filter(|(_, c)| differentiable(c))
+        .map(|((p, m), c)| {
+            let diff = HostTensor::float(DType::F64, (p.to_f64() - m.to_f64()) / (2.0 * eps));
+            dot(&diff, c)
+        })
+        .sum();
+    let scale = analytic.abs().max(numeric.abs()).max(1.0);
+    if (analytic - numeric).abs() > 1e-5 * scale {
+        return fail(format!(
+            "vjp gives {analytic:.9}, finite differences {numeric:.9}"
+        ));
+    }
+    Ok(())
+}
+
+/// A markdown table of every registered op: dtypes, flags, backward rule.
+pub fn coverage_table() -> Result<String> {
+    let registry = crate::registry()?;
+    let mut out = String::from(
+        "# Ops\n\nGenerated from the registry by `cargo test -p tpu-ops --test coverage`; do not edit.\n\n",
+    );
+    let with_vjp = registry.iter().filter(|op| op.vjp.is_some()).count();
+    out.push_str(&format!(
+        "{} ops, {} with a backward rule.\n\n",
+        registry.len(),
+        with_vjp
+    ));
+    out.push_str("| op | inputs | dtypes | backward | flags | defined in |\n| --- | --- | --- | --- | --- | --- |\n");
+    for op in registry.iter() {
+        let dtypes: Vec<&str> = op.dtypes.iter().map(|d| d.name()).collect();
+        let arity = match op.arity {
+            tpu_core::op::Arity::Exactly(n) => n.to_string(),
+            tpu_core::op::Arity::AtLeast(n) => format!("{n}+"),
+        };
+        let flags = flag_names(op.flags).join(", ");
+        let file = op.location.split(':').next().unwrap_or_default();
+        let file = file.split("src/").last().unwrap_or(file);
+        out.push_str(&format!(
+            "| `{}` | {arity} | {} | {} | {flags} | `{file}` |\n",
+            op.name,
+            dtypes.join(" "),
+            if op.vjp.is_some() { "yes" } else { "—" }
+        ));
+    }
+    Ok(out)
+}
+
+fn flag_names(flags: tpu_core::op::Flags) -> Vec<&'static str> {
+    use tpu_core::op::Flags;
+    [
+        (Flags::ELEMENTWISE, "elementwise"),
+        (Flags::REDUCTION, "reduction"),
+        (Flags::VIEW, "view"),
+        (Flags::HOST_SYNC, "host-sync"),
+        (Flags::RANDOM, "random"),
+        (Flags::NOT_FUSIBLE, "not-fusible"),
+        (Flags::NOT_DIFFERENTIABLE, "not-differentiable"),
+    ]
+    .into_iter()
+    .filter(|(f, _)| flags.contains(*f))
+    .map(|(_, n)| n)
+    .collect()
+}
+
+/// True when some input and some output of `sample` are floats: the op
+/// should have a backward rule unless flagged otherwise.
+pub fn looks_differentiable(op: &OpDef, sample: &Sample) -> bool {
+    let float_in = sample
+        .inputs
+        .iter()
+        .any(|x| matches!(x.data(), HostData::Float(_)));
+    let float_out = run_reference(op, &sample.inputs, &sample.attrs)
+        .map(|outs| outs.iter().any(|o| o.dtype().is_float()))
+        .unwrap_or(false);
+    float_in && float_out
+}

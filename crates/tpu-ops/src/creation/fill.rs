@@ -1,0 +1,68 @@
+//! `full`: a tensor of one value.
+
+use ndarray::{ArrayD, IxDyn};
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::stablehlo::TensorType;
+use tpu_core::{DType, Shape};
+
+use crate::here;
+use crate::support::*;
+
+/// The `shape` attribute as a shape (every dim >= 0).
+pub(crate) fn shape_attr(attrs: &Attrs) -> OpResult<Shape> {
+    let dims = attrs.ints("shape")?;
+    if let Some(d) = dims.iter().find(|&&d| d < 0) {
+        return Err(format!("shape {dims:?} has a negative dimension {d}"));
+    }
+    Ok(Shape::new(
+        dims.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+    ))
+}
+
+fn full_type(attrs: &Attrs) -> OpResult<TensorType> {
+    let dtype = attrs.dtype_opt("dtype")?.unwrap_or(DType::F32);
+    attrs.float("value")?;
+    Ok(TensorType::new(dtype, shape_attr(attrs)?))
+}
+
+fn full_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 3);
+    let value = if dtype.is_float() {
+        g.uniform(-3.0, 3.0)
+    } else {
+        g.below(10) as f64
+    };
+    Sample::new(
+        vec![],
+        Attrs::new()
+            .with("shape", shape.dims())
+            .with("dtype", dtype)
+            .with("value", value),
+    )
+}
+
+inventory::submit! {
+    OpDef {
+        name: "full",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |_, attrs| Ok(vec![full_type(attrs)?]),
+        lower: |b, _, attrs| {
+            let t = full_type(attrs)?;
+            Ok(vec![b.constant(t.dtype, t.shape, attrs.float("value")?)])
+        },
+        reference: |_, attrs| {
+            let t = full_type(attrs)?;
+            let values = ArrayD::from_elem(IxDyn(t.shape.dims()), attrs.float("value")?);
+            Ok(vec![HostTensor::float(t.dtype, values).cast(t.dtype)])
+        },
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..6).map(|i| full_sample(&mut Gen::new(i))).collect(),
+        arbitrary: full_sample,
+        location: here!(),
+    }
+}

@@ -1,0 +1,3 @@
+//! Creation ops: tensors from attributes alone.
+
+mod fill;

@@ -1,0 +1,281 @@
+//! Binary arithmetic with NumPy broadcasting and PyTorch type promotion.
+
+use tpu_core::DType;
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+
+use crate::here;
+use crate::support::*;
+
+fn two_types(inputs: &[TensorType]) -> OpResult<(&TensorType, &TensorType)> {
+    match inputs {
+        [a, b] => Ok((a, b)),
+        _ => Err("takes two inputs".into()),
+    }
+}
+
+/// Output type of a broadcasting op on `allowed` dtypes; `float` forces a
+/// float result (true division).
+pub(crate) fn infer_binary(
+    inputs: &[TensorType],
+    allowed: &[DType],
+    float: bool,
+) -> OpResult<TensorType> {
+    let (a, b) = two_types(inputs)?;
+    require_dtype(a.dtype, allowed, "first input")?;
+    require_dtype(b.dtype, allowed, "second input")?;
+    let shape = broadcast_shapes(&a.shape, &b.shape)?;
+    let dtype = promote(a, b);
+    Ok(TensorType::new(
+        if float { to_float(dtype) } else { dtype },
+        shape,
+    ))
+}
+
+/// Both operands converted to `dtype` and broadcast to `shape`.
+pub(crate) fn operands(
+    b: &mut Builder,
+    x: &[Value],
+    dtype: DType,
+    shape: &[usize],
+) -> (Value, Value) {
+    let l = b.convert(&x[0], dtype);
+    let r = b.convert(&x[1], dtype);
+    (b.broadcast_to(&l, shape), b.broadcast_to(&r, shape))
+}
+
+fn lower_arith(b: &mut Builder, x: &[Value], op: &str, float: bool) -> Vec<Value> {
+    let dtype = promote(x[0].ty(), x[1].ty());
+    let dtype = if float { to_float(dtype) } else { dtype };
+    let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
+    let (l, r) = operands(b, x, dtype, shape.dims());
+    vec![b.binary(op, &l, &r)]
+}
+
+fn arith_ref(
+    x: &[HostTensor],
+    float: bool,
+    ff: impl Fn(f64, f64) -> f64,
+    fi: impl Fn(i64, i64) -> i64,
+) -> OpResult<Vec<HostTensor>> {
+    let dtype = promote(&x[0].ty(), &x[1].ty());
+    let dtype = if float { to_float(dtype) } else { dtype };
+    Ok(vec![binary(&x[0], &x[1], dtype, dtype, ff, fi)?])
+}
+
+/// Reduces a broadcast gradient to an input's shape and dtype.
+pub(crate) fn grad_for(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
+    let ty = t.ty(input);
+    if !ty.dtype.is_float() {
+        return Ok(None);
+    }
+    let g = t.sum_to(g, &ty.shape)?;
+    Ok(Some(t.cast(g, ty.dtype)?))
+}
+
+fn grads(t: &mut dyn Tape, a: &VjpArgs<'_>, ga: Var, gb: Var) -> OpResult<Vec<Option<Var>>> {
+    Ok(vec![
+        grad_for(t, ga, a.inputs[0])?,
+        grad_for(t, gb, a.inputs[1])?,
+    ])
+}
+
+/// Both inputs cast to the output's dtype (so derivative math is in one type).
+fn promoted(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<(Var, Var)> {
+    let dt = t.ty(a.outputs[0]).dtype;
+    Ok((t.cast(a.inputs[0], dt)?, t.cast(a.inputs[1], dt)?))
+}
+
+macro_rules! arith_op {
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, hlo: $hlo:literal,
+     reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr) => {
+        inventory::submit! {
+            OpDef {
+                name: $name,
+                arity: Arity::Exactly(2),
+                flags: Flags::ELEMENTWISE,
+                dtypes: $dtypes,
+                infer: |x, _| Ok(vec![infer_binary(x, $dtypes, $float)?]),
+                lower: |b, x, _| Ok(lower_arith(b, x, $hlo, $float)),
+                reference: |x, _| arith_ref(x, $float, $ff, $fi),
+                vjp: Some($vjp),
+                tolerance: Tolerance::for_dtype,
+                samples: $samples,
+                arbitrary: $arb,
+                location: here!(),
+            }
+        }
+    };
+}
+
+arith_op!("add", dtypes: ALL, float: false, hlo: "stablehlo.add",
+    reference: (|x, y| x + y, |x: i64, y: i64| x.wrapping_add(y)),
+    vjp: |t, a| grads(t, a, a.grads[0], a.grads[0]),
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+
+arith_op!("sub", dtypes: NUMERIC, float: false, hlo: "stablehlo.subtract",
+    reference: (|x, y| x - y, |x: i64, y: i64| x.wrapping_sub(y)),
+    vjp: |t, a| {
+        let gb = t.neg(a.grads[0])?;
+        grads(t, a, a.grads[0], gb)
+    },
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+
+arith_op!("mul", dtypes: ALL, float: false, hlo: "stablehlo.multiply",
+    reference: (|x, y| x * y, |x: i64, y: i64| x.wrapping_mul(y)),
+    vjp: |t, a| {
+        let (x, y) = promoted(t, a)?;
+        let ga = t.mul(a.grads[0], y)?;
+        let gb = t.mul(a.grads[0], x)?;
+        grads(t, a, ga, gb)
+    },
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+
+/// Divisors away from zero.
+fn nonzero_divisor(mut s: Sample) -> Sample {
+    let d = &s.inputs[1];
+    let fixed = map_same(
+        d,
+        |v| if v.abs() < 0.5 { 0.5 + v.abs() } else { v },
+        |v| if v == 0 { 3 } else { v },
+    );
+    s.inputs[1] = fixed;
+    s
+}
+
+arith_op!("div", dtypes: NUMERIC, float: true, hlo: "stablehlo.divide",
+    reference: (|x, y| x / y, |_, _| 0),
+    vjp: |t, a| {
+        let (_, y) = promoted(t, a)?;
+        let ga = t.div(a.grads[0], y)?;
+        // d(x/y)/dy = -(x/y)/y
+        let q = t.div(a.outputs[0], y)?;
+        let gq = t.mul(a.grads[0], q)?;
+        let gb = t.neg(gq)?;
+        grads(t, a, ga, gb)
+    },
+    samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)));
+
+fn positive_base(mut s: Sample) -> Sample {
+    let base = &s.inputs[0];
+    s.inputs[0] = map_same(base, |v| v.abs() + 0.5, |v| v.abs() % 4);
+    let exp = &s.inputs[1];
+    s.inputs[1] = map_same(exp, |v| v.clamp(-2.5, 2.5), |v| v.abs() % 4);
+    s
+}
+
+arith_op!("pow", dtypes: NUMERIC, float: false, hlo: "stablehlo.power",
+    reference: (f64::powf, |x: i64, y: i64| x.wrapping_pow(y.clamp(0, 63) as u32)),
+    vjp: |t, a| {
+        let (x, y) = promoted(t, a)?;
+        // d/dx x^y = y x^(y-1) = y * out / x ;  d/dy = ln(x) * out
+        let yo = t.mul(y, a.outputs[0])?;
+        let dx = t.div(yo, x)?;
+        let ga = t.mul(a.grads[0], dx)?;
+        let lx = t.unary("log", x)?;
+        let dy = t.mul(lx, a.outputs[0])?;
+        let gb = t.mul(a.grads[0], dy)?;
+        grads(t, a, ga, gb)
+    },
+    samples: || binary_samples(NUMERIC).into_iter().map(positive_base).collect(),
+    arbitrary: |g: &mut Gen| positive_base(binary_arbitrary(g, NUMERIC)));
+
+/// Routes the gradient to whichever input `pick` (a comparison) selects.
+fn select_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult<Vec<Option<Var>>> {
+    let (x, y) = promoted(t, a)?;
+    let mask = t.call1(pick, &[x, y], Attrs::new())?;
+    let zero = t.full_like(a.grads[0], 0.0)?;
+    let ga = t.call1("where", &[mask, a.grads[0], zero], Attrs::new())?;
+    let gb = t.call1("where", &[mask, zero, a.grads[0]], Attrs::new())?;
+    grads(t, a, ga, gb)
+}
+
+arith_op!("maximum", dtypes: ALL, float: false, hlo: "stablehlo.maximum",
+    reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }, |x: i64, y: i64| x.max(y)),
+    vjp: |t, a| select_grads(t, a, "gt"),
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+
+arith_op!("minimum", dtypes: ALL, float: false, hlo: "stablehlo.minimum",
+    reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }, |x: i64, y: i64| x.min(y)),
+    vjp: |t, a| select_grads(t, a, "lt"),
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+
+arith_op!("atan2", dtypes: NUMERIC, float: true, hlo: "stablehlo.atan2",
+    reference: (f64::atan2, |_, _| 0),
+    vjp: |t, a| {
+        let (x, y) = promoted(t, a)?;
+        let x2 = t.mul(x, x)?;
+        let y2 = t.mul(y, y)?;
+        let r2 = t.add(x2, y2)?;
+        let gy = t.div(a.grads[0], r2)?;
+        let ga = t.mul(gy, y)?;
+        let gxb = t.mul(gy, x)?;
+        let gb = t.neg(gxb)?;
+        grads(t, a, ga, gb)
+    },
+    samples: || binary_samples(FLOATS).into_iter().map(nonzero_divisor).collect(),
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)));
+
+/// Python's modulo: the result takes the divisor's sign.
+fn py_rem_f(x: f64, y: f64) -> f64 {
+    let r = x % y;
+    if r != 0.0 && (r < 0.0) != (y < 0.0) {
+        r + y
+    } else {
+        r
+    }
+}
+
+fn py_rem_i(x: i64, y: i64) -> i64 {
+    if y == 0 {
+        return 0;
+    }
+    let r = x.wrapping_rem(y);
+    if r != 0 && (r < 0) != (y < 0) {
+        r + y
+    } else {
+        r
+    }
+}
+
+fn lower_remainder(b: &mut Builder, x: &[Value]) -> Vec<Value> {
+    let dtype = promote(x[0].ty(), x[1].ty());
+    let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
+    let (l, r) = operands(b, x, dtype, shape.dims());
+    let rem = b.binary("stablehlo.remainder", &l, &r);
+    let zero = b.constant(dtype, shape.dims(), 0.0);
+    let nonzero = b.compare(Compare::Ne, &rem, &zero);
+    let rem_neg = b.compare(Compare::Lt, &rem, &zero);
+    let div_neg = b.compare(Compare::Lt, &r, &zero);
+    let differ = b.compare(Compare::Ne, &rem_neg, &div_neg);
+    let fix = b.binary("stablehlo.and", &nonzero, &differ);
+    let shifted = b.binary("stablehlo.add", &rem, &r);
+    vec![b.select(&fix, &shifted, &rem)]
+}
+
+inventory::submit! {
+    OpDef {
+        name: "remainder",
+        arity: Arity::Exactly(2),
+        flags: Flags::ELEMENTWISE,
+        dtypes: NUMERIC,
+        infer: |x, _| Ok(vec![infer_binary(x, NUMERIC, false)?]),
+        lower: |b, x, _| Ok(lower_remainder(b, x)),
+        reference: |x, _| arith_ref(x, false, py_rem_f, py_rem_i),
+        vjp: Some(|t, a| {
+            // d/dx = 1, d/dy = -floor(x / y)
+            let (x, y) = promoted(t, a)?;
+            let q = t.div(x, y)?;
+            let fq = t.unary("floor", q)?;
+            let gq = t.mul(a.grads[0], fq)?;
+            let gb = t.neg(gq)?;
+            grads(t, a, a.grads[0], gb)
+        }),
+        tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
+        samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
+        arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+        location: here!(),
+    }
+}

@@ -1,0 +1,60 @@
+//! Comparisons: broadcasting, computed in the promoted dtype, giving bool.
+
+use tpu_core::DType;
+use tpu_core::host::Tolerance;
+use tpu_core::op::{Arity, Flags, Gen, OpDef};
+use tpu_core::stablehlo::{Compare, TensorType};
+
+use super::binary::{infer_binary, operands};
+use crate::here;
+use crate::support::*;
+
+fn infer_compare(inputs: &[TensorType]) -> Result<Vec<TensorType>, String> {
+    let t = infer_binary(inputs, ALL, false)?;
+    Ok(vec![TensorType::new(DType::Bool, t.shape)])
+}
+
+macro_rules! compare_op {
+    ($name:literal, $dir:expr, $ff:expr, $fi:expr) => {
+        inventory::submit! {
+            OpDef {
+                name: $name,
+                arity: Arity::Exactly(2),
+                flags: Flags::ELEMENTWISE,
+                dtypes: ALL,
+                infer: |x, _| infer_compare(x),
+                lower: |b, x, _| {
+                    let dtype = promote(x[0].ty(), x[1].ty());
+                    let shape = broadcast_shapes(x[0].shape(), x[1].shape())?;
+                    let (l, r) = operands(b, x, dtype, shape.dims());
+                    Ok(vec![b.compare($dir, &l, &r)])
+                },
+                reference: |x, _| {
+                    let dtype = promote(&x[0].ty(), &x[1].ty());
+                    Ok(vec![compare(&x[0], &x[1], dtype, $ff, $fi)?])
+                },
+                vjp: None,
+                tolerance: Tolerance::for_dtype,
+                samples: || {
+                    // Small integers make ties, where comparisons differ.
+                    let mut s = binary_samples(NUMERIC);
+                    for sample in &mut s {
+                        for x in &mut sample.inputs {
+                            *x = map_same(x, f64::round, |v| v / 4);
+                        }
+                    }
+                    s
+                },
+                arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
+                location: here!(),
+            }
+        }
+    };
+}
+
+compare_op!("eq", Compare::Eq, |x, y| x == y, |x, y| x == y);
+compare_op!("ne", Compare::Ne, |x, y| x != y, |x, y| x != y);
+compare_op!("lt", Compare::Lt, |x, y| x < y, |x, y| x < y);
+compare_op!("le", Compare::Le, |x, y| x <= y, |x, y| x <= y);
+compare_op!("gt", Compare::Gt, |x, y| x > y, |x, y| x > y);
+compare_op!("ge", Compare::Ge, |x, y| x >= y, |x, y| x >= y);

@@ -1,0 +1,238 @@
+//! `where`, `clamp` and `cast`.
+
+use ndarray::Zip;
+use tpu_core::DType;
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+
+use super::binary::grad_for;
+use crate::here;
+use crate::support::*;
+
+fn infer_where(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
+    let [c, a, b] = inputs else {
+        return Err("takes (condition, on_true, on_false)".into());
+    };
+    if c.dtype != DType::Bool {
+        return Err(format!("condition must be bool, got {}", c.dtype));
+    }
+    let shape = broadcast_all([&c.shape, &a.shape, &b.shape])?;
+    Ok(vec![TensorType::new(promote(a, b), shape)])
+}
+
+fn lower_where(b: &mut Builder, x: &[Value]) -> OpResult<Vec<Value>> {
+    let shape = broadcast_all([x[0].shape(), x[1].shape(), x[2].shape()])?;
+    let dtype = promote(x[1].ty(), x[2].ty());
+    let c = b.broadcast_to(&x[0], shape.dims());
+    let t = b.convert(&x[1], dtype);
+    let f = b.convert(&x[2], dtype);
+    let t = b.broadcast_to(&t, shape.dims());
+    let f = b.broadcast_to(&f, shape.dims());
+    Ok(vec![b.select(&c, &t, &f)])
+}
+
+fn where_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
+    let shape = broadcast_all([&x[0].shape(), &x[1].shape(), &x[2].shape()])?;
+    let dtype = promote(&x[1].ty(), &x[2].ty());
+    let c = broadcast_array(&x[0].to_i64(), shape.dims())?;
+    let (t, f) = (x[1].cast(dtype), x[2].cast(dtype));
+    Ok(vec![if dtype.is_float() {
+        let (t, f) = (
+            broadcast_array(&t.to_f64(), shape.dims())?,
+            broadcast_array(&f.to_f64(), shape.dims())?,
+        );
+        HostTensor::float(
+            dtype,
+            Zip::from(&c)
+                .and(&t)
+                .and(&f)
+                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
+        )
+    } else {
+        let (t, f) = (
+            broadcast_array(&t.to_i64(), shape.dims())?,
+            broadcast_array(&f.to_i64(), shape.dims())?,
+        );
+        HostTensor::int(
+            dtype,
+            Zip::from(&c)
+                .and(&t)
+                .and(&f)
+                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
+        )
+    }])
+}
+
+fn where_sample(g: &mut Gen) -> Sample {
+    let shape = g.shape(0, 3);
+    let dtype = g.pick(NUMERIC);
+    let (cs, bs) = (g.broadcastable(&shape), g.broadcastable(&shape));
+    let other = if g.below(4) == 0 {
+        g.pick(NUMERIC)
+    } else {
+        dtype
+    };
+    let c = g.tensor(DType::Bool, &cs);
+    let a = g.tensor(dtype, &shape);
+    let b = g.tensor(other, &bs);
+    Sample::new(vec![c, a, b], Attrs::new())
+}
+
+inventory::submit! {
+    OpDef {
+        name: "where",
+        arity: Arity::Exactly(3),
+        flags: Flags::ELEMENTWISE,
+        dtypes: ALL,
+        infer: |x, _| infer_where(x),
+        lower: |b, x, _| lower_where(b, x),
+        reference: |x, _| where_ref(x),
+        vjp: Some(|t, a| {
+            let zero = t.full_like(a.grads[0], 0.0)?;
+            let c = a.inputs[0];
+            let gt = t.call1("where", &[c, a.grads[0], zero], Attrs::new())?;
+            let gf = t.call1("where", &[c, zero, a.grads[0]], Attrs::new())?;
+            Ok(vec![None, grad_for(t, gt, a.inputs[1])?, grad_for(t, gf, a.inputs[2])?])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..6).map(|i| where_sample(&mut Gen::new(i))).collect(),
+        arbitrary: where_sample,
+        location: here!(),
+    }
+}
+
+/// Optional `min` / `max` bounds (numbers) of `clamp`.
+fn bounds(attrs: &Attrs) -> OpResult<(Option<f64>, Option<f64>)> {
+    let (lo, hi) = (attrs.float_opt("min")?, attrs.float_opt("max")?);
+    if lo.is_none() && hi.is_none() {
+        return Err("clamp needs `min`, `max` or both".into());
+    }
+    Ok((lo, hi))
+}
+
+fn lower_clamp(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
+    let (lo, hi) = bounds(attrs)?;
+    let mut y = x.clone();
+    if let Some(lo) = lo {
+        let c = b.constant(x.dtype(), x.dims(), lo);
+        y = b.binary("stablehlo.maximum", &y, &c);
+    }
+    if let Some(hi) = hi {
+        let c = b.constant(x.dtype(), x.dims(), hi);
+        y = b.binary("stablehlo.minimum", &y, &c);
+    }
+    Ok(y)
+}
+
+fn clamp_sample(g: &mut Gen) -> Sample {
+    let mut s = unary_arbitrary(g, NUMERIC, -5.0, 5.0);
+    match g.below(3) {
+        0 => s.attrs.set("min", -1.0),
+        1 => s.attrs.set("max", 2.0),
+        _ => {
+            s.attrs.set("min", -2.0);
+            s.attrs.set("max", 1.0);
+        }
+    }
+    s
+}
+
+inventory::submit! {
+    OpDef {
+        name: "clamp",
+        arity: Arity::Exactly(1),
+        flags: Flags::ELEMENTWISE,
+        dtypes: NUMERIC,
+        infer: |x, attrs| {
+            bounds(attrs)?;
+            let t = x.first().ok_or("missing input")?;
+            require_dtype(t.dtype, NUMERIC, "input")?;
+            Ok(vec![t.clone()])
+        },
+        lower: |b, x, attrs| Ok(vec![lower_clamp(b, &x[0], attrs)?]),
+        reference: |x, attrs| {
+            let (lo, hi) = bounds(attrs)?;
+            let (flo, fhi) = (lo.unwrap_or(f64::NEG_INFINITY), hi.unwrap_or(f64::INFINITY));
+            // Integer bounds saturate to the dtype's range, as the lowering's
+            // constants do.
+            let (min, max) = tpu_core::stablehlo::int_range(one(x)?.dtype());
+            let (ilo, ihi) = (lo.map_or(min, |v| (v as i64).clamp(min, max)), hi.map_or(max, |v| (v as i64).clamp(min, max)));
+            Ok(vec![map_same(one(x)?, |v| v.max(flo).min(fhi), |v| v.max(ilo).min(ihi))])
+        },
+        vjp: Some(|t, a| {
+            let (lo, hi) = bounds(a.attrs)?;
+            let x = a.inputs[0];
+            let mut g = a.grads[0];
+            let zero = t.full_like(g, 0.0)?;
+            if let Some(lo) = lo {
+                let c = t.full_like(x, lo)?;
+                let inside = t.call1("ge", &[x, c], Attrs::new())?;
+                g = t.call1("where", &[inside, g, zero], Attrs::new())?;
+            }
+            if let Some(hi) = hi {
+                let c = t.full_like(x, hi)?;
+                let inside = t.call1("le", &[x, c], Attrs::new())?;
+                g = t.call1("where", &[inside, g, zero], Attrs::new())?;
+            }
+            Ok(vec![Some(g)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..6).map(|i| clamp_sample(&mut Gen::new(i))).collect(),
+        arbitrary: clamp_sample,
+        location: here!(),
+    }
+}
+
+fn lower_cast(b: &mut Builder, x: &Value, to: DType) -> Value {
+    if to == DType::Bool && x.dtype() != DType::Bool {
+        // convert to i1 truncates; PyTorch's bool cast is `!= 0`.
+        let zero = b.constant(x.dtype(), x.dims(), 0.0);
+        return b.compare(Compare::Ne, x, &zero);
+    }
+    b.convert(x, to)
+}
+
+fn cast_sample(g: &mut Gen) -> Sample {
+    let from = g.pick(ALL);
+    let to = g.pick(ALL);
+    let shape = g.shape(0, 3);
+    // Values every dtype can hold, so casts are exact or well-defined rounding.
+    let x = if from.is_float() {
+        g.tensor_in(from, &shape, -3.0, 100.0)
+    } else {
+        g.tensor_in(from, &shape, 0.0, 100.0)
+    };
+    let x = if from.is_float() && !to.is_float() && to != DType::Bool {
+        map_same(&x, |v| v.abs(), |v| v)
+    } else {
+        x
+    };
+    Sample::new(vec![x], Attrs::new().with("dtype", to))
+}
+
+inventory::submit! {
+    OpDef {
+        name: "cast",
+        arity: Arity::Exactly(1),
+        flags: Flags::ELEMENTWISE,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            Ok(vec![TensorType::new(attrs.dtype("dtype")?, t.shape.clone())])
+        },
+        lower: |b, x, attrs| Ok(vec![lower_cast(b, &x[0], attrs.dtype("dtype")?)]),
+        reference: |x, attrs| Ok(vec![one(x)?.cast(attrs.dtype("dtype")?)]),
+        vjp: Some(|t, a| {
+            let from = t.ty(a.inputs[0]).dtype;
+            if !from.is_float() || !t.ty(a.outputs[0]).dtype.is_float() {
+                return Ok(vec![None]);
+            }
+            Ok(vec![Some(t.cast(a.grads[0], from)?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..12).map(|i| cast_sample(&mut Gen::new(i))).collect(),
+        arbitrary: cast_sample,
+        location: here!(),
+    }
+}

@@ -1,0 +1,4 @@
+//! Movement ops: reshaping, broadcasting, permuting, slicing, joining and
+//! indexing.
+
+mod reshape;

@@ -1,0 +1,1 @@
+//! Neural-network ops: normalisations, losses and attention.

@@ -1,0 +1,3 @@
+//! Reductions over any set of dimensions, with `keepdim`.
+
+mod sum;

@@ -1,0 +1,20 @@
+//! Helpers shared by op families: dtype sets and promotion, shape rules,
+//! reference building blocks and sample generators.
+
+pub mod dtypes;
+pub mod reference;
+pub mod samples;
+pub mod shapes;
+
+pub use dtypes::*;
+pub use reference::*;
+pub use samples::*;
+pub use shapes::*;
+
+/// `file:line` of the op record, for duplicate-name errors.
+#[macro_export]
+macro_rules! here {
+    () => {
+        concat!(file!(), ":", line!())
+    };
+}
