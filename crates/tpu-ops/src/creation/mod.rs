@@ -1,3 +1,4 @@
 //! Creation ops: tensors from attributes alone.
 
 mod fill;
+mod ranges;

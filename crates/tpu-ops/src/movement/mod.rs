@@ -1,4 +1,15 @@
 //! Movement ops: reshaping, broadcasting, permuting, slicing, joining and
 //! indexing.
 
+mod common;
+mod index;
+mod join;
+mod permute;
 mod reshape;
+mod scatter;
+mod slice;
+mod sort;
+mod triangle;
+
+#[cfg(test)]
+mod tests;

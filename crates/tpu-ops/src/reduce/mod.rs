@@ -1,3 +1,15 @@
-//! Reductions over any set of dimensions, with `keepdim`.
+//! Reductions over any set of dimensions, with `keepdim`, plus the
+//! reductions along one dimension that keep the shape (`softmax`,
+//! `log_softmax`, `cumsum`).
 
+mod cumsum;
+mod extrema;
+pub(crate) mod kit;
+mod logic;
+mod mean;
+mod moments;
+mod softmax;
 mod sum;
+
+#[cfg(test)]
+pub(crate) mod tests;

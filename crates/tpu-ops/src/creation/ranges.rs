@@ -1,0 +1,406 @@
+//! `zeros`, `ones`, `arange`, `eye` and `iota`: tensors from attributes
+//! alone.
+
+use ndarray::{ArrayD, IxDyn};
+use tpu_core::DType;
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+
+use super::fill::shape_attr;
+use crate::here;
+use crate::support::*;
+
+/// The longest `arange` accepted: its index must fit an `i32` iota on every
+/// device.
+const MAX_ARANGE: f64 = 2_147_483_647.0;
+
+/// `dtype` attribute, f32 when absent.
+fn dtype_or_f32(attrs: &Attrs) -> OpResult<DType> {
+    Ok(attrs.dtype_opt("dtype")?.unwrap_or(DType::F32))
+}
+
+// ---- zeros / ones ----
+
+fn filled_type(attrs: &Attrs) -> OpResult<TensorType> {
+    Ok(TensorType::new(dtype_or_f32(attrs)?, shape_attr(attrs)?))
+}
+
+fn filled_ref(attrs: &Attrs, value: f64) -> OpResult<Vec<HostTensor>> {
+    let t = filled_type(attrs)?;
+    let values = ArrayD::from_elem(IxDyn(t.shape.dims()), value);
+    Ok(vec![HostTensor::float(t.dtype, values)])
+}
+
+fn filled_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let mut attrs = Attrs::new().with("shape", shape.dims());
+    if g.below(4) != 0 {
+        attrs.set("dtype", dtype);
+    }
+    Sample::new(vec![], attrs)
+}
+
+fn filled_samples() -> Vec<Sample> {
+    let mut out: Vec<Sample> = (0..6).map(|i| filled_sample(&mut Gen::new(i))).collect();
+    for dims in FIXED_SHAPES {
+        out.push(Sample::new(
+            vec![],
+            Attrs::new().with("shape", *dims).with("dtype", DType::Bool),
+        ));
+    }
+    out
+}
+
+inventory::submit! {
+    OpDef {
+        name: "zeros",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
+        lower: |b, _, attrs| {
+            let t = filled_type(attrs)?;
+            Ok(vec![b.constant(t.dtype, t.shape, 0.0)])
+        },
+        reference: |_, attrs| filled_ref(attrs, 0.0),
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: filled_samples,
+        arbitrary: filled_sample,
+        location: here!(),
+    }
+}
+
+inventory::submit! {
+    OpDef {
+        name: "ones",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
+        lower: |b, _, attrs| {
+            let t = filled_type(attrs)?;
+            Ok(vec![b.constant(t.dtype, t.shape, 1.0)])
+        },
+        reference: |_, attrs| filled_ref(attrs, 1.0),
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: filled_samples,
+        arbitrary: filled_sample,
+        location: here!(),
+    }
+}
+
+// ---- arange ----
+
+/// A checked `arange` call: `len` values `start + i * step` of `dtype`.
+struct Arange {
+    start: f64,
+    step: f64,
+    len: usize,
+    dtype: DType,
+}
+
+/// True when `key` is absent or given as an integer.
+fn int_attr(attrs: &Attrs, key: &str) -> bool {
+    matches!(attrs.get(key), None | Some(Attr::Int(_)))
+}
+
+fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
+    let start = attrs.float_or("start", 0.0)?;
+    let end = attrs.float("end")?;
+    let step = attrs.float_or("step", 1.0)?;
+    // PyTorch: integer arguments give i64, any float argument the default
+    // float dtype.
+    let default = if ["start", "end", "step"].iter().all(|k| int_attr(attrs, k)) {
+        DType::I64
+    } else {
+        DType::F32
+    };
+    let dtype = attrs.dtype_opt("dtype")?.unwrap_or(default);
+    require_dtype(dtype, NUMERIC, "arange dtype")?;
+    if !(start.is_finite() && end.is_finite() && step.is_finite()) {
+        return Err(format!(
+            "arange needs finite start, end and step, got {start}, {end}, {step}"
+        ));
+    }
+    if step == 0.0 {
+        return Err("arange step must be nonzero".into());
+    }
+    let len = ((end - start) / step).ceil();
+    if len < 0.0 {
+        return Err(format!(
+            "arange from {start} to {end} with step {step} has negative length (the step's sign does not lead from start to end)"
+        ));
+    }
+    if !len.is_finite() || len > MAX_ARANGE {
+        return Err(format!(
+            "arange from {start} to {end} with step {step} is too long ({len} elements)"
+        ));
+    }
+    if !dtype.is_float() && (start.fract() != 0.0 || step.fract() != 0.0) {
+        return Err(format!(
+            "arange of integer dtype {dtype} needs integral start and step, got {start} and {step}"
+        ));
+    }
+    Ok(Arange {
+        start,
+        step,
+        len: len as usize,
+        dtype,
+    })
+}
+
+fn lower_arange(b: &mut Builder, a: &Arange) -> Value {
+    let compute = if !a.dtype.is_float() {
+        DType::I64
+    } else if a.dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let i = b.iota(DType::I64, &[a.len], 0);
+    let i = b.convert(&i, compute);
+    let step = b.constant(compute, [a.len], a.step);
+    let start = b.constant(compute, [a.len], a.start);
+    let scaled = b.binary("stablehlo.multiply", &i, &step);
+    let v = b.binary("stablehlo.add", &scaled, &start);
+    b.convert(&v, a.dtype)
+}
+
+fn arange_ref(a: &Arange) -> OpResult<HostTensor> {
+    if a.dtype.is_float() {
+        let values = (0..a.len).map(|i| a.start + i as f64 * a.step).collect();
+        tensor_f64(a.dtype, &[a.len], values)
+    } else {
+        let (start, step) = (a.start as i64, a.step as i64);
+        let values = (0..a.len as i64)
+            .map(|i| start.wrapping_add(i.wrapping_mul(step)))
+            .collect();
+        HostTensor::from_i64(a.dtype, [a.len], values)
+            .ok_or_else(|| "arange value count mismatch".to_string())
+    }
+}
+
+fn arange_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(NUMERIC);
+    let mut attrs = Attrs::new();
+    if dtype.is_float() {
+        let start = g.uniform(-5.0, 5.0);
+        let step = g.pick(&[0.25, 0.5, 1.0, -0.5, 0.1, 3.0, -0.7]);
+        let n = g.dim() as f64;
+        attrs.set("start", start);
+        attrs.set("end", start + step * n - step * 0.5);
+        attrs.set("step", step);
+    } else {
+        let start = g.below(20) as i64 - 10;
+        let step = g.pick(&[1i64, 2, 3, -1, -2, 5]);
+        let n = g.dim() as i64;
+        attrs.set("start", start);
+        attrs.set("end", start + step * n);
+        attrs.set("step", step);
+    }
+    if g.below(4) != 0 {
+        attrs.set("dtype", dtype);
+    }
+    Sample::new(vec![], attrs)
+}
+
+fn arange_samples() -> Vec<Sample> {
+    let mut out: Vec<Sample> = (0..8).map(|i| arange_sample(&mut Gen::new(i))).collect();
+    let fixed: &[(f64, f64, f64, DType)] = &[
+        (0.0, 10.0, 1.0, DType::I64),
+        (0.0, 0.0, 1.0, DType::F32),
+        (1.0, 2.5, 0.5, DType::F32),
+        (10.0, 0.0, -3.0, DType::I32),
+        (0.0, 1.0, 0.1, DType::F64),
+        (-3.0, 3.0, 0.1, DType::BF16),
+        (0.0, 127.0, 1.0, DType::F16),
+        (0.0, 300.0, 1.0, DType::U8),
+    ];
+    for &(start, end, step, dtype) in fixed {
+        out.push(Sample::new(
+            vec![],
+            Attrs::new()
+                .with("start", start)
+                .with("end", end)
+                .with("step", step)
+                .with("dtype", dtype),
+        ));
+    }
+    out.push(Sample::new(vec![], Attrs::new().with("end", 7i64)));
+    out
+}
+
+inventory::submit! {
+    OpDef {
+        name: "arange",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: NUMERIC,
+        infer: |_, attrs| {
+            let a = arange_args(attrs)?;
+            Ok(vec![TensorType::new(a.dtype, [a.len])])
+        },
+        lower: |b, _, attrs| Ok(vec![lower_arange(b, &arange_args(attrs)?)]),
+        reference: |_, attrs| Ok(vec![arange_ref(&arange_args(attrs)?)?]),
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: arange_samples,
+        arbitrary: arange_sample,
+        location: here!(),
+    }
+}
+
+// ---- eye ----
+
+fn eye_type(attrs: &Attrs) -> OpResult<TensorType> {
+    let n = attrs.int("n")?;
+    let m = attrs.int_opt("m")?.unwrap_or(n);
+    if n < 0 || m < 0 {
+        return Err(format!("eye needs n and m >= 0, got n = {n}, m = {m}"));
+    }
+    Ok(TensorType::new(
+        dtype_or_f32(attrs)?,
+        [n as usize, m as usize],
+    ))
+}
+
+/// `[n, m]` booleans, true on the diagonal.
+pub(crate) fn lower_diagonal(b: &mut Builder, n: usize, m: usize) -> Value {
+    let rows = b.iota(DType::I64, &[n, m], 0);
+    let cols = b.iota(DType::I64, &[n, m], 1);
+    b.compare(Compare::Eq, &rows, &cols)
+}
+
+fn eye_sample(g: &mut Gen) -> Sample {
+    let mut attrs = Attrs::new().with("n", g.dim());
+    if g.bool() {
+        attrs.set("m", g.dim());
+    }
+    if g.below(4) != 0 {
+        attrs.set("dtype", g.pick(ALL));
+    }
+    Sample::new(vec![], attrs)
+}
+
+inventory::submit! {
+    OpDef {
+        name: "eye",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |_, attrs| Ok(vec![eye_type(attrs)?]),
+        lower: |b, _, attrs| {
+            let t = eye_type(attrs)?;
+            let (n, m) = (t.shape.dims()[0], t.shape.dims()[1]);
+            let d = lower_diagonal(b, n, m);
+            Ok(vec![b.convert(&d, t.dtype)])
+        },
+        reference: |_, attrs| {
+            let t = eye_type(attrs)?;
+            let values = ArrayD::from_shape_fn(IxDyn(t.shape.dims()), |ix| i64::from(ix[0] == ix[1]));
+            Ok(vec![HostTensor::int(t.dtype, values)])
+        },
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: || {
+            let mut out: Vec<Sample> = (0..6).map(|i| eye_sample(&mut Gen::new(i))).collect();
+            out.push(Sample::new(vec![], Attrs::new().with("n", 3i64)));
+            out.push(Sample::new(vec![], Attrs::new().with("n", 0i64).with("m", 4i64)));
+            out.push(Sample::new(vec![], Attrs::new().with("n", 127i64).with("m", 1i64).with("dtype", DType::Bool)));
+            out
+        },
+        arbitrary: eye_sample,
+        location: here!(),
+    }
+}
+
+// ---- iota ----
+
+fn iota_args(attrs: &Attrs) -> OpResult<(TensorType, usize)> {
+    let shape = shape_attr(attrs)?;
+    let dim = normalize_dim(attrs.int("dim")?, shape.rank())?;
+    let dtype = attrs.dtype_opt("dtype")?.unwrap_or(DType::I64);
+    require_dtype(dtype, NUMERIC, "iota dtype")?;
+    Ok((TensorType::new(dtype, shape), dim))
+}
+
+fn iota_sample(g: &mut Gen) -> Sample {
+    let shape = g.shape(1, 4);
+    let rank = shape.rank() as i64;
+    let dim = g.below(shape.rank()) as i64 - if g.bool() { rank } else { 0 };
+    let mut attrs = Attrs::new().with("shape", shape.dims()).with("dim", dim);
+    if g.below(4) != 0 {
+        attrs.set("dtype", g.pick(NUMERIC));
+    }
+    Sample::new(vec![], attrs)
+}
+
+inventory::submit! {
+    OpDef {
+        name: "iota",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: NUMERIC,
+        infer: |_, attrs| Ok(vec![iota_args(attrs)?.0]),
+        lower: |b, _, attrs| {
+            let (t, dim) = iota_args(attrs)?;
+            let i = b.iota(DType::I64, t.shape.dims(), dim);
+            Ok(vec![b.convert(&i, t.dtype)])
+        },
+        reference: |_, attrs| {
+            let (t, dim) = iota_args(attrs)?;
+            let values = ArrayD::from_shape_fn(IxDyn(t.shape.dims()), |ix| ix[dim] as i64);
+            Ok(vec![HostTensor::int(t.dtype, values)])
+        },
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: || {
+            let mut out: Vec<Sample> = (0..6).map(|i| iota_sample(&mut Gen::new(i))).collect();
+            out.push(Sample::new(vec![], Attrs::new().with("shape", vec![3i64, 300]).with("dim", -1i64).with("dtype", DType::U8)));
+            out.push(Sample::new(vec![], Attrs::new().with("shape", vec![1i64, 0, 2]).with("dim", 2i64)));
+            out.push(Sample::new(vec![], Attrs::new().with("shape", vec![700i64]).with("dim", 0i64).with("dtype", DType::BF16)));
+            out
+        },
+        arbitrary: iota_sample,
+        location: here!(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arange_lengths_and_errors() {
+        let a = |s: f64, e: f64, st: f64| {
+            arange_args(
+                &Attrs::new()
+                    .with("start", s)
+                    .with("end", e)
+                    .with("step", st),
+            )
+        };
+        assert_eq!(a(0.0, 10.0, 3.0).map(|a| a.len), Ok(4));
+        assert_eq!(a(1.0, 2.5, 0.5).map(|a| a.len), Ok(3));
+        assert_eq!(a(5.0, 5.0, 1.0).map(|a| a.len), Ok(0));
+        assert_eq!(a(10.0, 0.0, -3.0).map(|a| a.len), Ok(4));
+        assert!(
+            a(0.0, 1.0, 0.0)
+                .err()
+                .unwrap_or_default()
+                .contains("nonzero")
+        );
+        assert!(
+            a(0.0, 1.0, -1.0)
+                .err()
+                .unwrap_or_default()
+                .contains("negative")
+        );
+        let ints = arange_args(&Attrs::new().with("end", 4i64)).map(|a| a.dtype);
+        assert_eq!(ints, Ok(DType::I64));
+    }
+}

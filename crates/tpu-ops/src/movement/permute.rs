@@ -1,0 +1,317 @@
+//! `permute`, `transpose`, `unsqueeze`, `squeeze` and `flip`.
+
+use tpu_core::Shape;
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::stablehlo::TensorType;
+
+use super::common::*;
+use crate::here;
+use crate::support::*;
+
+/// The permutation of `permute`: every dim exactly once.
+fn permutation(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
+    let dims = attrs.ints("dims")?;
+    if dims.len() != rank {
+        return Err(format!(
+            "dims {dims:?} must list each of the {rank} dimensions once"
+        ));
+    }
+    let perm = dims
+        .iter()
+        .map(|&d| normalize_dim(d, rank))
+        .collect::<OpResult<Vec<_>>>()?;
+    let mut seen = vec![false; rank];
+    for &p in &perm {
+        if std::mem::replace(&mut seen[p], true) {
+            return Err(format!("dims {dims:?} repeats a dimension"));
+        }
+    }
+    Ok(perm)
+}
+
+fn permuted(shape: &Shape, perm: &[usize]) -> Shape {
+    Shape::new(perm.iter().map(|&p| shape.dims()[p]).collect::<Vec<_>>())
+}
+
+fn inverse(perm: &[usize]) -> Vec<usize> {
+    let mut inv = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    inv
+}
+
+/// Reference of a permutation: output dim `i` is input dim `perm[i]`.
+fn permute_ref(x: &HostTensor, perm: &[usize]) -> HostTensor {
+    let out = permuted(&x.shape(), perm);
+    remap_tensor(x, out.dims(), 0.0, &|ix, src| {
+        for (i, &p) in perm.iter().enumerate() {
+            src[p] = ix[i];
+        }
+        true
+    })
+}
+
+fn permute_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let rank = shape.rank();
+    let mut perm: Vec<i64> = (0..rank as i64).collect();
+    for i in (1..rank).rev() {
+        let j = g.below(i + 1);
+        perm.swap(i, j);
+    }
+    for p in perm.iter_mut() {
+        if g.below(3) == 0 {
+            *p -= rank as i64;
+        }
+    }
+    Sample::new(
+        vec![g.tensor(dtype, &shape)],
+        Attrs::new().with("dims", perm),
+    )
+}
+
+inventory::submit! {
+    OpDef {
+        name: "permute",
+        arity: Arity::Exactly(1),
+        flags: Flags::VIEW,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            let perm = permutation(t.shape.rank(), attrs)?;
+            Ok(vec![TensorType::new(t.dtype, permuted(&t.shape, &perm))])
+        },
+        lower: |b, x, attrs| {
+            let perm = permutation(x[0].rank(), attrs)?;
+            Ok(vec![b.transpose(&x[0], &perm)])
+        },
+        reference: |x, attrs| {
+            let x = one(x)?;
+            let perm = permutation(x.shape().rank(), attrs)?;
+            Ok(vec![permute_ref(x, &perm)])
+        },
+        vjp: Some(|t, a| {
+            let perm = permutation(t.ty(a.inputs[0]).shape.rank(), a.attrs)?;
+            let inv: Vec<i64> = inverse(&perm).iter().map(|&p| p as i64).collect();
+            Ok(vec![Some(t.call1("permute", &[a.grads[0]], Attrs::new().with("dims", inv))?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..8).map(|i| permute_sample(&mut Gen::new(i))).collect(),
+        arbitrary: permute_sample,
+        location: here!(),
+    }
+}
+
+/// The permutation swapping `dim0` and `dim1` (identity for rank 0).
+fn swap_perm(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
+    let d0 = normalize_dim_scalar_ok(attrs.int("dim0")?, rank)?;
+    let d1 = normalize_dim_scalar_ok(attrs.int("dim1")?, rank)?;
+    let mut perm: Vec<usize> = (0..rank).collect();
+    if rank > 0 {
+        perm.swap(d0, d1);
+    }
+    Ok(perm)
+}
+
+fn transpose_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let d0 = random_dim(g, shape.rank());
+    let d1 = random_dim(g, shape.rank());
+    Sample::new(
+        vec![g.tensor(dtype, &shape)],
+        Attrs::new().with("dim0", d0).with("dim1", d1),
+    )
+}
+
+inventory::submit! {
+    OpDef {
+        name: "transpose",
+        arity: Arity::Exactly(1),
+        flags: Flags::VIEW,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            let perm = swap_perm(t.shape.rank(), attrs)?;
+            Ok(vec![TensorType::new(t.dtype, permuted(&t.shape, &perm))])
+        },
+        lower: |b, x, attrs| {
+            let perm = swap_perm(x[0].rank(), attrs)?;
+            Ok(vec![b.transpose(&x[0], &perm)])
+        },
+        reference: |x, attrs| {
+            let x = one(x)?;
+            let perm = swap_perm(x.shape().rank(), attrs)?;
+            Ok(vec![permute_ref(x, &perm)])
+        },
+        vjp: Some(|t, a| {
+            Ok(vec![Some(t.call1("transpose", &[a.grads[0]], a.attrs.clone())?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..8).map(|i| transpose_sample(&mut Gen::new(i))).collect(),
+        arbitrary: transpose_sample,
+        location: here!(),
+    }
+}
+
+/// The shape after `unsqueeze(dim)`: `dim` in `[-rank-1, rank]`.
+fn unsqueezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
+    let d = normalize_dim(attrs.int("dim")?, shape.rank() + 1)?;
+    let mut dims = shape.dims().to_vec();
+    dims.insert(d, 1);
+    Ok(Shape::new(dims))
+}
+
+fn unsqueeze_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let r = shape.rank() as i64 + 1;
+    let d = g.below(r as usize) as i64 - if g.bool() { r } else { 0 };
+    Sample::new(vec![g.tensor(dtype, &shape)], Attrs::new().with("dim", d))
+}
+
+inventory::submit! {
+    OpDef {
+        name: "unsqueeze",
+        arity: Arity::Exactly(1),
+        flags: Flags::VIEW,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            Ok(vec![TensorType::new(t.dtype, unsqueezed(&t.shape, attrs)?)])
+        },
+        lower: |b, x, attrs| {
+            let s = unsqueezed(x[0].shape(), attrs)?;
+            Ok(vec![b.reshape(&x[0], s.dims())])
+        },
+        reference: |x, attrs| {
+            let x = one(x)?;
+            Ok(vec![reshape_to(x, &unsqueezed(&x.shape(), attrs)?)?])
+        },
+        vjp: Some(|t, a| {
+            let shape = t.ty(a.inputs[0]).shape;
+            Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..8).map(|i| unsqueeze_sample(&mut Gen::new(i))).collect(),
+        arbitrary: unsqueeze_sample,
+        location: here!(),
+    }
+}
+
+/// The shape after `squeeze(dims?)`: size-1 dims among `dims` (all when
+/// absent) are removed; other listed dims are kept, as in PyTorch.
+fn squeezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
+    let dims = normalize_dims(attrs.ints_opt("dims")?.as_deref(), shape.rank())?;
+    let out: Vec<usize> = shape
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|&(i, &s)| !(s == 1 && dims.contains(&i)))
+        .map(|(_, &s)| s)
+        .collect();
+    Ok(Shape::new(out))
+}
+
+fn squeeze_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    // Put some size-1 dims in.
+    let dims: Vec<usize> = shape
+        .dims()
+        .iter()
+        .map(|&d| if g.below(3) == 0 { 1 } else { d })
+        .collect();
+    let shape = Shape::new(dims);
+    let mut attrs = Attrs::new();
+    if g.below(3) != 0 {
+        attrs.set("dims", random_dims(g, shape.rank()));
+    }
+    Sample::new(vec![g.tensor(dtype, &shape)], attrs)
+}
+
+inventory::submit! {
+    OpDef {
+        name: "squeeze",
+        arity: Arity::Exactly(1),
+        flags: Flags::VIEW,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            Ok(vec![TensorType::new(t.dtype, squeezed(&t.shape, attrs)?)])
+        },
+        lower: |b, x, attrs| {
+            let s = squeezed(x[0].shape(), attrs)?;
+            Ok(vec![b.reshape(&x[0], s.dims())])
+        },
+        reference: |x, attrs| {
+            let x = one(x)?;
+            Ok(vec![reshape_to(x, &squeezed(&x.shape(), attrs)?)?])
+        },
+        vjp: Some(|t, a| {
+            let shape = t.ty(a.inputs[0]).shape;
+            Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..10).map(|i| squeeze_sample(&mut Gen::new(i))).collect(),
+        arbitrary: squeeze_sample,
+        location: here!(),
+    }
+}
+
+/// The dims `flip` reverses.
+fn flip_dims(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
+    normalize_dims(Some(&attrs.ints("dims")?), rank)
+}
+
+fn flip_ref(x: &HostTensor, dims: &[usize]) -> HostTensor {
+    let shape = x.shape();
+    let sizes = shape.dims();
+    remap_tensor(x, sizes, 0.0, &|ix, src| {
+        for (d, (&i, &n)) in ix.iter().zip(sizes).enumerate() {
+            src[d] = if dims.contains(&d) { n - 1 - i } else { i };
+        }
+        true
+    })
+}
+
+fn flip_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let dims = random_dims(g, shape.rank());
+    Sample::new(
+        vec![g.tensor(dtype, &shape)],
+        Attrs::new().with("dims", dims),
+    )
+}
+
+inventory::submit! {
+    OpDef {
+        name: "flip",
+        arity: Arity::Exactly(1),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            flip_dims(t.shape.rank(), attrs)?;
+            Ok(vec![t.clone()])
+        },
+        lower: |b, x, attrs| {
+            let dims = flip_dims(x[0].rank(), attrs)?;
+            Ok(vec![b.reverse(&x[0], &dims)])
+        },
+        reference: |x, attrs| {
+            let x = one(x)?;
+            let dims = flip_dims(x.shape().rank(), attrs)?;
+            Ok(vec![flip_ref(x, &dims)])
+        },
+        vjp: Some(|t, a| Ok(vec![Some(t.call1("flip", &[a.grads[0]], a.attrs.clone())?)])),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..8).map(|i| flip_sample(&mut Gen::new(i))).collect(),
+        arbitrary: flip_sample,
+        location: here!(),
+    }
+}

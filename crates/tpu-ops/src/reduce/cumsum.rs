@@ -1,0 +1,125 @@
+//! `cumsum` along one dim: integers and bool accumulate to i64 as `sum`
+//! does; f16 and bf16 accumulate in f32. Lowered as a log-step prefix scan
+//! (shift-and-add), O(n log n).
+
+use tpu_core::DType;
+use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Var, VjpArgs};
+use tpu_core::stablehlo::{Builder, TensorType, Value};
+
+use super::kit::*;
+use crate::here;
+use crate::support::*;
+
+fn cumsum_dtype(d: DType) -> DType {
+    if d.is_float() { d } else { DType::I64 }
+}
+
+fn cumsum_dim(rank: usize, attrs: &Attrs) -> OpResult<usize> {
+    normalize_dim_scalar_ok(attrs.int("dim")?, rank)
+}
+
+/// Inclusive prefix sum of `x` along `dim`, in `x`'s dtype.
+pub(crate) fn prefix_sum(b: &mut Builder, x: &Value, dim: usize) -> Value {
+    if x.rank() == 0 {
+        return x.clone();
+    }
+    let n = x.dims()[dim];
+    let zero = b.constant(x.dtype(), [], 0.0);
+    let mut y = x.clone();
+    let mut k = 1;
+    while k < n {
+        let start = vec![0; x.rank()];
+        let mut limit = x.dims().to_vec();
+        limit[dim] = n - k;
+        let strides = vec![1; x.rank()];
+        let head = b.slice(&y, &start, &limit, &strides);
+        let mut low = vec![0i64; x.rank()];
+        low[dim] = k as i64;
+        let zeros = vec![0i64; x.rank()];
+        let shifted = b.pad(&head, &zero, &low, &zeros, &zeros);
+        y = bin(b, "add", &y, &shifted);
+        k *= 2;
+    }
+    y
+}
+
+fn lower_cumsum(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
+    let dim = cumsum_dim(x.rank(), attrs)?;
+    let out = cumsum_dtype(x.dtype());
+    let xc = b.convert(x, accumulator(out));
+    let y = prefix_sum(b, &xc, dim);
+    Ok(b.convert(&y, out))
+}
+
+fn cumsum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
+    let dim = cumsum_dim(x.shape().rank(), attrs)?;
+    let out = cumsum_dtype(x.dtype());
+    Ok(match x.data() {
+        HostData::Float(a) => HostTensor::float(
+            out,
+            along(a, dim, |v| {
+                let mut s = 0.0;
+                v.iter()
+                    .map(|x| {
+                        s += x;
+                        s
+                    })
+                    .collect()
+            }),
+        ),
+        HostData::Int(a) => HostTensor::int(
+            out,
+            along(a, dim, |v| {
+                let mut s = 0i64;
+                v.iter()
+                    .map(|&x| {
+                        s = s.wrapping_add(x);
+                        s
+                    })
+                    .collect()
+            }),
+        ),
+    })
+}
+
+/// The gradient is the suffix sum: `sum(g) - cumsum(g) + g`.
+fn cumsum_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
+    let x = t.ty(a.inputs[0]);
+    if !x.dtype.is_float() {
+        return Ok(vec![None]);
+    }
+    let dim = cumsum_dim(x.shape.rank(), a.attrs)?;
+    let g = a.grads[0];
+    let dims: Vec<usize> = if x.shape.rank() == 0 {
+        vec![]
+    } else {
+        vec![dim]
+    };
+    let total = reduce_call(t, "sum", g, &dims, true)?;
+    let c = t.call1("cumsum", &[g], Attrs::new().with("dim", dim))?;
+    let r = t.sub(total, c)?;
+    let r = t.add(r, g)?;
+    Ok(vec![Some(t.cast(r, x.dtype)?)])
+}
+
+inventory::submit! {
+    OpDef {
+        name: "cumsum",
+        arity: Arity::Exactly(1),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = first(x)?;
+            cumsum_dim(t.shape.rank(), attrs)?;
+            Ok(vec![TensorType::new(cumsum_dtype(t.dtype), t.shape.clone())])
+        },
+        lower: |b, x, attrs| Ok(vec![lower_cumsum(b, &x[0], attrs)?]),
+        reference: |x, attrs| Ok(vec![cumsum_ref(one(x)?, attrs)?]),
+        vjp: Some(cumsum_vjp),
+        tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
+        samples: || (0..12).map(|i| dim_sample(&mut Gen::new(900 + i), ALL, -3.0, 3.0)).collect(),
+        arbitrary: |g: &mut Gen| dim_sample(g, ALL, -3.0, 3.0),
+        location: here!(),
+    }
+}
