@@ -183,3 +183,60 @@ fn donated_inputs_are_reused() {
         );
     });
 }
+
+/// Runs in a child process (see the next test): a fused program through the
+/// runtime's cache, then reports the counters.
+#[test]
+fn child_runs_a_program_with_the_disk_cache() {
+    if std::env::var_os("TPU_RS_CACHE_CHILD").is_none() {
+        return;
+    }
+    with_eager_mode(EagerMode::DeferAndFuse, || {
+        let x = ramp(&[16, 16], 0.1, Device::Tpu(0));
+        let _ = values(&chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 12));
+    })
+    .unwrap();
+    let m = metrics();
+    println!("CHILD compiles={} disk_hits={}", m.compiles, m.disk_hits);
+}
+
+#[test]
+fn a_second_process_loads_executables_instead_of_compiling() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("tpu-rs-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_runs_a_program_with_the_disk_cache",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TPU_RS_CACHE_CHILD", "1")
+            .env("TPU_RS_CACHE_DIR", &dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find_map(|l| l.find("CHILD").map(|i| l[i..].to_string()))
+            .unwrap_or_else(|| panic!("child said: {text}"));
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{line}"))
+        };
+        (field("compiles="), field("disk_hits="))
+    };
+    let (compiles, hits) = run();
+    assert!(
+        compiles >= 1 && hits == 0,
+        "first process: {compiles} compiles, {hits} disk hits"
+    );
+    let (compiles, hits) = run();
+    assert_eq!(compiles, 0, "second process compiled");
+    assert!(hits >= 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -143,3 +143,86 @@ fn mixing_devices_is_a_typed_error() {
     let err = tpu_core::policy::call("add", &[a, b], &Attrs::new(), None).unwrap_err();
     assert!(err.to_string().contains("different devices"), "{err}");
 }
+
+/// A deliberately wrong kernel: its device lowering computes `3x` while its
+/// reference says `2x`, so Debug's parity check must catch it.
+fn wrong_lowering(
+    b: &mut tpu_core::stablehlo::Builder,
+    x: &[tpu_core::stablehlo::Value],
+    _: &Attrs,
+) -> tpu_core::op::OpResult<Vec<tpu_core::stablehlo::Value>> {
+    let three = b.constant(x[0].dtype(), x[0].dims(), 3.0);
+    Ok(vec![b.binary("stablehlo.multiply", &x[0], &three)])
+}
+
+/// A kernel whose lowering always fails, to see where DeferAndFuse reports it.
+fn failing_lowering(
+    _: &mut tpu_core::stablehlo::Builder,
+    _: &[tpu_core::stablehlo::Value],
+    _: &Attrs,
+) -> tpu_core::op::OpResult<Vec<tpu_core::stablehlo::Value>> {
+    Err("this kernel cannot be lowered".into())
+}
+
+macro_rules! test_op {
+    ($name:literal, $lower:expr) => {
+        inventory::submit! {
+            tpu_core::op::OpDef {
+                name: $name,
+                arity: tpu_core::op::Arity::Exactly(1),
+                flags: tpu_core::op::Flags::ELEMENTWISE,
+                dtypes: &[tpu_core::DType::F32],
+                infer: |x, _| Ok(x.to_vec()),
+                lower: $lower,
+                reference: |x, _| Ok(vec![tpu_core::HostTensor::float(x[0].dtype(), x[0].to_f64() * 2.0)]),
+                vjp: None,
+                tolerance: tpu_core::host::Tolerance::for_dtype,
+                samples: Vec::new,
+                arbitrary: |_| tpu_core::op::Sample::new(vec![], Attrs::new()),
+                location: concat!(file!(), ":", line!()),
+            }
+        }
+    };
+}
+
+test_op!("test_wrong_double", wrong_lowering);
+test_op!("test_unlowerable", failing_lowering);
+
+#[test]
+fn debug_parity_names_the_first_diverging_op() {
+    let policy = Arc::new(Debug::new(DebugChecks {
+        nan: false,
+        parity: true,
+    }));
+    with_policy(policy, || {
+        let x = tensor(&[3], vec![1.0, 2.0, 3.0], Device::Tpu(0));
+        let y = op("exp", &[&x]);
+        let err =
+            tpu_core::policy::call("test_wrong_double", &[y], &Attrs::new(), None).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Divergence { .. }), "{text}");
+        assert!(
+            text.contains("test_wrong_double") && text.contains("policies.rs"),
+            "{text}"
+        );
+    });
+}
+
+#[test]
+fn deferred_errors_surface_at_the_cut_naming_the_users_op() {
+    with_eager_mode(EagerMode::DeferAndFuse, || {
+        let x = tensor(&[3], vec![1.0, 2.0, 3.0], Device::Tpu(0));
+        let y = op("exp", &[&x]);
+        let z = op("test_unlowerable", &[&y]); // recorded: nothing runs yet
+        let err = z.to_host().unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::OpFailed { .. }), "{text}");
+        assert!(
+            text.contains("test_unlowerable")
+                && text.contains("policies.rs")
+                && text.contains("cannot be lowered"),
+            "{text}"
+        );
+    })
+    .unwrap();
+}
