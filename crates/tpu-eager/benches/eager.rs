@@ -250,6 +250,7 @@ fn per_op_overhead() -> Result<()> {
 fn main() -> Result<()> {
     tpu_eager::link();
     println!("{}", Runtime::global()?.describe(0)?);
+    per_op_overhead()?;
 
     let x = tensor(&[2048, 2048], 3, 1.0)?;
     let s = scalar(0.5)?;
