@@ -14,7 +14,9 @@
 
 mod autograd;
 mod error;
+pub mod nn;
 mod ops;
+pub mod optim;
 mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};

@@ -287,6 +287,11 @@ impl Tensor {
         autograd::backward(self, Some(grad))
     }
 
+    /// Replaces the accumulated gradient.
+    pub fn set_grad(&self, grad: Tensor) {
+        *self.inner.grad.lock().unwrap_or_else(|e| e.into_inner()) = Some(grad.inner.value.clone());
+    }
+
     pub(crate) fn grad_fn(&self) -> Option<(Arc<Node>, usize)> {
         self.inner.grad_fn.clone()
     }
