@@ -13,7 +13,9 @@
 #![warn(missing_docs)]
 
 mod autograd;
+pub mod checkpoint;
 mod error;
+pub mod models;
 pub mod nn;
 mod ops;
 pub mod optim;
