@@ -22,6 +22,12 @@ const PYTHON_PACKAGES: &[&str] = &["torch==2.15.0", "safetensors==0.8.0", "numpy
 const VENV: &str = ".venv";
 
 fn main() -> ExitCode {
+    // Paths below are relative to the workspace root, wherever we run from.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if let Err(e) = std::env::set_current_dir(&root) {
+        eprintln!("xtask: cannot enter {}: {e}", root.display());
+        return ExitCode::FAILURE;
+    }
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup(&["xla-cpu"]),
