@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask setup`: system packages and the pinned PJRT plugins.
 //! - `cargo xtask run`:   the main job, a model trained on the `tpu` device.
-//! - `cargo xtask test`:  every test, on two CPU plugins and libtpu.
+//! - `cargo xtask test`:  every test, on two CPU plugins and libtpu, with
+//!   PyTorch (in `.venv`) as the oracle where tests compare against it.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -14,12 +15,26 @@ const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libclang-dev"];
 /// and libtpu for the no-TPU error path.
 const TEST_PLUGINS: &[&str] = &["xla-cpu", "jax-cpu", "tpu"];
 
+/// The Python packages tests compare against, pinned.
+const PYTHON_PACKAGES: &[&str] = &["torch==2.15.0", "safetensors==0.8.0", "numpy==2.4.6"];
+
+/// The project's virtualenv, holding PyTorch for the oracle tests.
+const VENV: &str = ".venv";
+
 fn main() -> ExitCode {
+    // Paths below are relative to the workspace root, wherever we run from.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if let Err(e) = std::env::set_current_dir(&root) {
+        eprintln!("xtask: cannot enter {}: {e}", root.display());
+        return ExitCode::FAILURE;
+    }
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup(&["xla-cpu"]),
         "run" => setup(&["xla-cpu"]).and_then(|()| main_job()),
-        "test" => setup(TEST_PLUGINS).and_then(|()| test()),
+        "test" => setup(TEST_PLUGINS)
+            .and_then(|()| python_env())
+            .and_then(|()| test()),
         _ => {
             eprintln!("usage: cargo xtask setup|run|test");
             return ExitCode::from(2);
@@ -56,11 +71,35 @@ fn main_job() -> Result<(), String> {
     run(cargo().args(["run", "--release", "-p", "tpu-rs", "--example", "mlp"]))
 }
 
+/// A virtualenv with the pinned packages (created once, reused after).
+fn python_env() -> Result<(), String> {
+    let python = venv_python();
+    let ready = Command::new(&python)
+        .args(["-c", "import torch, safetensors, numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ready {
+        return Ok(());
+    }
+    run(Command::new("python3").args(["-m", "venv", VENV]))?;
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(PYTHON_PACKAGES))
+}
+
+fn venv_python() -> String {
+    format!("{VENV}/bin/python")
+}
+
 fn test() -> Result<(), String> {
+    // Absolute, but not resolved: the venv's python is a symlink.
+    let python = std::env::current_dir().map_err(|e| e.to_string())?.join(venv_python());
     run(cargo()
         .args(["test", "--workspace", "--release"])
         .env("TPU_RS_PLUGIN", "xla-cpu")
-        .env("TPU_RS_REQUIRE_LIBTPU", "1"))?;
+        .env("TPU_RS_REQUIRE_LIBTPU", "1")
+        .env("TPU_RS_TORCH_PYTHON", &python)
+        .env("TPU_RS_REQUIRE_TORCH", "1"))?;
     // The runtime suite again on a plugin with a newer PJRT API.
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])

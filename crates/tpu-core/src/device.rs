@@ -24,6 +24,18 @@ impl Device {
     }
 }
 
+impl Default for Device {
+    /// The best device available: `tpu:0` when a PJRT plugin loads and
+    /// gives a client, else `cpu`.
+    fn default() -> Device {
+        if crate::Runtime::global().is_ok() {
+            Device::Tpu(0)
+        } else {
+            Device::Cpu
+        }
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

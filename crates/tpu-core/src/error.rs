@@ -163,6 +163,46 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// An op failed after its inputs were accepted (execution, compilation
+    /// of a fused graph, a Debug-mode check).
+    #[error("op `{op}` called at {location} with inputs ({inputs}) failed: {source}")]
+    OpFailed {
+        /// The op.
+        op: String,
+        /// The caller's source location.
+        location: String,
+        /// The input types.
+        inputs: String,
+        /// What went wrong.
+        source: Box<Error>,
+    },
+    /// Debug mode found NaN or infinity in an op's output.
+    #[error("op `{op}` called at {location} produced {what} in output {output}")]
+    NonFinite {
+        /// The op.
+        op: String,
+        /// The caller's source location.
+        location: String,
+        /// Which output.
+        output: usize,
+        /// `NaN` or `infinity`.
+        what: &'static str,
+    },
+    /// Debug mode's parity check: the device result differs from the op's
+    /// reference (the first op to do so).
+    #[error(
+        "op `{op}` called at {location} diverges from its reference in output {output}: {detail}"
+    )]
+    Divergence {
+        /// The op.
+        op: String,
+        /// The caller's source location.
+        location: String,
+        /// Which output.
+        output: usize,
+        /// The worst element and its error.
+        detail: String,
+    },
     /// A StableHLO program whose entry signature we cannot read.
     #[error("cannot read the signature of @main: {0}")]
     Signature(String),

@@ -19,16 +19,20 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod autograd;
 mod cache;
 mod device;
 mod dtype;
 mod error;
 pub mod host;
+pub mod metrics;
 pub mod op;
 pub mod pjrt;
+pub mod policy;
 mod runtime;
 mod shape;
 pub mod stablehlo;
+mod tensor;
 
 pub use cache::{CacheStats, CompileCache};
 pub use device::{Device, ParseDeviceError};
@@ -41,3 +45,4 @@ pub use pjrt::{
 };
 pub use runtime::Runtime;
 pub use shape::Shape;
+pub use tensor::{Pending, Tensor, TensorValue, WeakTensor};

@@ -1,2 +1,40 @@
-//! Eager execution policies of tpu-rs: Strict (one compiled op at a time), Debug (blocking, checked) and DeferAndFuse (ops recorded and compiled as fused graphs).
+//! Eager execution policies of tpu-rs, selected by `TPU_RS_EAGER` or
+//! [`tpu_core::policy::with_eager_mode`]:
+//!
+//! - [`Strict`]: each op is a single-op program, compiled once per op,
+//!   attributes, input types and device, then executed asynchronously.
+//! - [`Debug`]: Strict, blocking on every op so errors surface at the
+//!   faulting call, with optional NaN/Inf and reference-parity checks.
+//! - [`DeferAndFuse`]: ops are recorded per device and compiled as one fused
+//!   program when a value is needed.
+//!
+//! Linking this crate registers the policies (see [`link`]).
 #![warn(missing_docs)]
+
+mod debug;
+mod defer;
+mod strict;
+
+use std::sync::Arc;
+
+pub use debug::{Debug, DebugChecks};
+pub use defer::{DeferAndFuse, DeferConfig};
+pub use strict::Strict;
+use tpu_core::policy::{EagerMode, ExecutionPolicy, PolicyFactory};
+
+inventory::submit! {
+    PolicyFactory { mode: EagerMode::Strict, create: || Arc::new(Strict::new()) as Arc<dyn ExecutionPolicy> }
+}
+inventory::submit! {
+    PolicyFactory { mode: EagerMode::Debug, create: || Arc::new(Debug::from_env()) as Arc<dyn ExecutionPolicy> }
+}
+inventory::submit! {
+    PolicyFactory { mode: EagerMode::DeferAndFuse, create: || DeferAndFuse::new(DeferConfig::from_env()) as Arc<dyn ExecutionPolicy> }
+}
+
+/// References this crate (and the op kernels) so their records are linked.
+#[inline(never)]
+pub fn link() {
+    tpu_ops::link();
+    std::hint::black_box(());
+}

@@ -1,20 +1,43 @@
 //! tpu-rs: run tensor programs on TPUs — or any PJRT device — from Rust.
 //!
-//! Today the facade exposes the runtime of [`tpu_core`]: plugins, devices,
-//! buffers, compilation of StableHLO and execution.
-//!
 //! ```no_run
-//! use tpu_rs::{CompileOptions, Runtime};
+//! use tpu_rs::prelude::*;
 //!
-//! let runtime = Runtime::global()?;
-//! println!("{}", runtime.describe(0)?);
+//! let device = Device::default(); // tpu:0 when a PJRT plugin is available
+//! let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], device)?.with_requires_grad(true);
+//! let y = (&x * &x)?.sum_all()?;
+//! y.backward()?;
+//! assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
 //! # Ok::<(), tpu_rs::Error>(())
 //! ```
 #![warn(missing_docs)]
 
+mod autograd;
+pub mod checkpoint;
+mod error;
+pub mod models;
+pub mod nn;
+mod ops;
+pub mod optim;
+mod tensor;
+
+pub use autograd::{is_grad_enabled, no_grad};
+pub use error::{Error, Result};
+pub use tensor::Tensor;
 pub use tpu_core::pjrt::discovery;
+pub use tpu_core::policy::{EagerMode, sync, with_eager_mode};
 pub use tpu_core::{
     Arg, Buffer, CacheStats, Client, ClientOptions, CompileCache, CompileOptions, DType, Device,
-    DeviceDescription, Element, Error, ErrorCode, Executable, HostBuffer, MemoryStats, Plugin,
-    Result, Runtime, Shape,
+    DeviceDescription, Element, ErrorCode, Executable, HostBuffer, HostTensor, MemoryStats, Plugin,
+    Runtime, Shape,
 };
+
+/// The names most programs need.
+pub mod prelude {
+    pub use crate::{DType, Device, EagerMode, Tensor, no_grad, with_eager_mode};
+}
+
+/// References the op and policy crates so their records are linked in.
+pub fn link() {
+    tpu_eager::link();
+}

@@ -51,6 +51,7 @@ impl Buffer {
         shape: Shape,
         device: usize,
     ) -> Buffer {
+        crate::metrics::device_alloc((shape.numel() * dtype.size_in_bytes()) as u64);
         Buffer {
             raw,
             client,
@@ -191,6 +192,7 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        crate::metrics::device_free(self.size_in_bytes() as u64);
         let mut args = Padded::<sys::PJRT_Buffer_Destroy_Args>::new();
         args.buffer = self.raw;
         if let Err(e) = pjrt_call!(self.client.api, PJRT_Buffer_Destroy, &mut args) {

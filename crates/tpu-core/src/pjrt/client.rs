@@ -301,6 +301,36 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Loads an executable serialized by [`Executable::serialize`] with this
+    /// plugin; `program` is the StableHLO it was compiled from (for its
+    /// signature) and `options` what it was compiled with.
+    pub fn deserialize(
+        &self,
+        bytes: &[u8],
+        program: &str,
+        options: &CompileOptions,
+    ) -> Result<Executable> {
+        options.validate(self.device_count())?;
+        let signature = Signature::parse(program)?;
+        let mut args = Padded::<sys::PJRT_Executable_DeserializeAndLoad_Args>::new();
+        args.client = self.inner.raw;
+        args.serialized_executable = bytes.as_ptr().cast();
+        args.serialized_executable_size = bytes.len();
+        pjrt_call!(
+            self.inner.api,
+            PJRT_Executable_DeserializeAndLoad,
+            &mut args
+        )?;
+        Executable::from_raw(
+            self.inner.clone(),
+            args.loaded_executable,
+            signature,
+            options.clone(),
+        )
+    }
+}
+
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")

@@ -104,18 +104,54 @@ impl Executable {
             .collect()
     }
 
-    fn num_outputs(&self) -> Result<usize> {
+    /// Runs `f` on the unloaded executable behind this one, then frees it.
+    fn with_executable<T>(
+        &self,
+        f: impl FnOnce(*mut sys::PJRT_Executable) -> Result<T>,
+    ) -> Result<T> {
         let api = self.client.api;
         let mut get = Padded::<sys::PJRT_LoadedExecutable_GetExecutable_Args>::new();
         get.loaded_executable = self.raw;
         pjrt_call!(api, PJRT_LoadedExecutable_GetExecutable, &mut get)?;
-        let mut num = Padded::<sys::PJRT_Executable_NumOutputs_Args>::new();
-        num.executable = get.executable;
-        let counted = pjrt_call!(api, PJRT_Executable_NumOutputs, &mut num);
+        let result = f(get.executable);
         let mut destroy = Padded::<sys::PJRT_Executable_Destroy_Args>::new();
         destroy.executable = get.executable;
         pjrt_call!(api, PJRT_Executable_Destroy, &mut destroy)?;
-        counted.map(|()| num.num_outputs)
+        result
+    }
+
+    fn num_outputs(&self) -> Result<usize> {
+        let api = self.client.api;
+        self.with_executable(|exe| {
+            let mut num = Padded::<sys::PJRT_Executable_NumOutputs_Args>::new();
+            num.executable = exe;
+            pjrt_call!(api, PJRT_Executable_NumOutputs, &mut num)?;
+            Ok(num.num_outputs)
+        })
+    }
+
+    /// The compiled program in the plugin's serialized form, loadable with
+    /// [`crate::Client::deserialize`] by the same plugin version.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let api = self.client.api;
+        self.with_executable(|exe| {
+            let mut args = Padded::<sys::PJRT_Executable_Serialize_Args>::new();
+            args.executable = exe;
+            pjrt_call!(api, PJRT_Executable_Serialize, &mut args)?;
+            // SAFETY: the bytes stay valid until the deleter runs below.
+            let bytes = unsafe {
+                super::ffi::slice_from_raw(
+                    args.serialized_bytes.cast::<u8>(),
+                    args.serialized_bytes_size,
+                )
+            };
+            if let Some(deleter) = args.serialized_executable_deleter {
+                // SAFETY: the plugin handed us this object and its deleter; it
+                // is freed exactly once.
+                unsafe { deleter(args.serialized_executable) };
+            }
+            Ok(bytes)
+        })
     }
 
     /// The program's entry signature.
@@ -179,6 +215,7 @@ impl Executable {
         exec.num_args = num_args;
         exec.output_lists = out_ptrs.as_ptr();
         pjrt_call!(self.client.api, PJRT_LoadedExecutable_Execute, &mut exec)?;
+        crate::metrics::record_execution();
         // Donated buffers are released now; PJRT keeps what it still uses.
         drop(args);
 

@@ -72,6 +72,8 @@ impl_args!(
     PJRT_LoadedExecutable_GetExecutable_Args,
     PJRT_Executable_NumOutputs_Args,
     PJRT_Executable_Destroy_Args,
+    PJRT_Executable_Serialize_Args,
+    PJRT_Executable_DeserializeAndLoad_Args,
     PJRT_LoadedExecutable_Destroy_Args,
     PJRT_LoadedExecutable_AddressableDevices_Args,
     PJRT_LoadedExecutable_Execute_Args,

@@ -134,6 +134,7 @@ impl Compare {
 /// Builds one module with a public `@main`.
 pub struct Builder {
     name: String,
+    /// Each parameter, and the result its buffer is reused for, if any.
     parameters: Vec<(Value, Option<usize>)>,
     body: String,
     next_id: usize,
@@ -173,6 +174,14 @@ impl Builder {
         let v = self.fresh(ty);
         self.parameters.push((v.clone(), None));
         v
+    }
+
+    /// Lets parameter `param`'s buffer be reused for result `output` (which
+    /// must have the same type); no-op for values that are not parameters.
+    pub fn donate(&mut self, param: &Value, output: usize) {
+        if let Some(slot) = self.parameters.iter_mut().find(|(v, _)| v.id == param.id) {
+            slot.1 = Some(output);
+        }
     }
 
     /// Adds a parameter whose buffer may be reused for result `output`

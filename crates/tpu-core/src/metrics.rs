@@ -1,0 +1,156 @@
+//! Process-wide counters: compiles, cache hits, executions, graph cuts and
+//! device memory. Always on; reading them costs a few atomic loads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Why a deferred graph was cut (compiled and run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CutReason {
+    /// A value was read on the host (`to_vec`, `item`, printing).
+    HostRead,
+    /// An explicit `sync()`.
+    Sync,
+    /// The end of a backward pass.
+    Backward,
+    /// A collective needed its inputs.
+    Collective,
+    /// An op that cannot be fused, or needs host values.
+    NotFusible,
+    /// The pending graph reached its op or byte cap.
+    PendingCap,
+    /// The op sequence repeated the previous graph's (a training step).
+    RepeatedSequence,
+}
+
+impl CutReason {
+    /// Every reason, in display order.
+    pub const ALL: [CutReason; 7] = [
+        CutReason::HostRead,
+        CutReason::Sync,
+        CutReason::Backward,
+        CutReason::Collective,
+        CutReason::NotFusible,
+        CutReason::PendingCap,
+        CutReason::RepeatedSequence,
+    ];
+
+    /// A short name (`host_read`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            CutReason::HostRead => "host_read",
+            CutReason::Sync => "sync",
+            CutReason::Backward => "backward",
+            CutReason::Collective => "collective",
+            CutReason::NotFusible => "not_fusible",
+            CutReason::PendingCap => "pending_cap",
+            CutReason::RepeatedSequence => "repeated_sequence",
+        }
+    }
+}
+
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
+static DISK_HITS: AtomicU64 = AtomicU64::new(0);
+static COMPILE_NANOS: AtomicU64 = AtomicU64::new(0);
+static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
+static CUTS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+/// A snapshot of the counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Programs compiled.
+    pub compiles: u64,
+    /// Compilations avoided by the in-memory cache.
+    pub cache_hits: u64,
+    /// Compilations avoided by loading a serialized executable from disk.
+    pub disk_hits: u64,
+    /// Time spent compiling.
+    pub compile_time: Duration,
+    /// Programs executed.
+    pub executions: u64,
+    /// Deferred graphs cut, by reason.
+    pub graphs_cut: Vec<(CutReason, u64)>,
+    /// Bytes held in device buffers now.
+    pub live_device_bytes: u64,
+    /// The most bytes held at once since start (or the last reset).
+    pub peak_device_bytes: u64,
+}
+
+impl Metrics {
+    /// Total graphs cut.
+    pub fn total_cuts(&self) -> u64 {
+        self.graphs_cut.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Graphs cut for `reason`.
+    pub fn cuts(&self, reason: CutReason) -> u64 {
+        self.graphs_cut
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// The counters now.
+pub fn metrics() -> Metrics {
+    Metrics {
+        compiles: COMPILES.load(Ordering::Relaxed),
+        cache_hits: CACHE_HITS.load(Ordering::Relaxed),
+        disk_hits: DISK_HITS.load(Ordering::Relaxed),
+        compile_time: Duration::from_nanos(COMPILE_NANOS.load(Ordering::Relaxed)),
+        executions: EXECUTIONS.load(Ordering::Relaxed),
+        graphs_cut: CutReason::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (*r, CUTS[i].load(Ordering::Relaxed)))
+            .collect(),
+        live_device_bytes: LIVE_BYTES.load(Ordering::Relaxed),
+        peak_device_bytes: PEAK_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Restarts the peak at the current live bytes.
+pub fn reset_peak_device_bytes() {
+    PEAK_BYTES.store(LIVE_BYTES.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+pub(crate) fn record_compile(time: Duration) {
+    COMPILES.fetch_add(1, Ordering::Relaxed);
+    COMPILE_NANOS.fetch_add(
+        time.as_nanos().min(u128::from(u64::MAX)) as u64,
+        Ordering::Relaxed,
+    );
+}
+
+pub(crate) fn record_cache_hit() {
+    CACHE_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn record_disk_hit() {
+    DISK_HITS.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn record_execution() {
+    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts a cut of a deferred graph.
+pub fn record_graph_cut(reason: CutReason) {
+    let i = CutReason::ALL
+        .iter()
+        .position(|r| *r == reason)
+        .unwrap_or(0);
+    CUTS[i].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn device_alloc(bytes: u64) {
+    let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+}
+
+pub(crate) fn device_free(bytes: u64) {
+    LIVE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+}

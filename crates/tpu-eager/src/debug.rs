@@ -1,0 +1,140 @@
+//! Debug: Strict, but every op blocks until its outputs exist, so an error
+//! surfaces at the call that caused it, named with its inputs and the
+//! caller's source location. Optional checks: NaN/Inf in outputs, and parity
+//! of every op against its CPU reference (the first diverging op is named).
+
+use tpu_core::host::{HostData, assert_close};
+use tpu_core::metrics::CutReason;
+use tpu_core::op::run_reference;
+use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::{Error, Result, Tensor};
+
+use crate::Strict;
+
+/// Which extra checks Debug runs after each op.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DebugChecks {
+    /// Fail on NaN or infinity in a float output.
+    pub nan: bool,
+    /// Compare every output with the op's reference on the same inputs.
+    pub parity: bool,
+}
+
+impl DebugChecks {
+    /// From `TPU_RS_DEBUG_CHECKS`: a comma-separated list of `nan`, `parity`.
+    pub fn from_env() -> DebugChecks {
+        let list = std::env::var("TPU_RS_DEBUG_CHECKS").unwrap_or_default();
+        let has = |name: &str| list.split(',').any(|s| s.trim() == name);
+        DebugChecks {
+            nan: has("nan"),
+            parity: has("parity"),
+        }
+    }
+}
+
+/// The Debug policy.
+#[derive(Default)]
+pub struct Debug {
+    strict: Strict,
+    checks: DebugChecks,
+}
+
+fn describe(call: &OpCall<'_>) -> String {
+    call.inputs
+        .iter()
+        .map(|t| t.ty().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Debug {
+    /// Debug with the given checks.
+    pub fn new(checks: DebugChecks) -> Debug {
+        Debug {
+            strict: Strict::new(),
+            checks,
+        }
+    }
+
+    /// Debug with the checks `TPU_RS_DEBUG_CHECKS` names.
+    pub fn from_env() -> Debug {
+        Debug::new(DebugChecks::from_env())
+    }
+
+    fn check(&self, call: &OpCall<'_>, outputs: &[Tensor]) -> Result<()> {
+        let location = call.location.to_string();
+        if self.checks.nan {
+            for (i, out) in outputs.iter().enumerate() {
+                if let HostData::Float(values) = out.to_host()?.data() {
+                    let what = if values.iter().any(|v| v.is_nan()) {
+                        Some("NaN")
+                    } else if values.iter().any(|v| v.is_infinite()) {
+                        Some("infinity")
+                    } else {
+                        None
+                    };
+                    if let Some(what) = what {
+                        return Err(Error::NonFinite {
+                            op: call.op.name.to_string(),
+                            location,
+                            output: i,
+                            what,
+                        });
+                    }
+                }
+            }
+        }
+        if self.checks.parity {
+            let inputs = call
+                .inputs
+                .iter()
+                .map(Tensor::to_host)
+                .collect::<Result<Vec<_>>>()?;
+            let expected = run_reference(call.op, &inputs, call.attrs)?;
+            for (i, (out, want)) in outputs.iter().zip(&expected).enumerate() {
+                let got = out.to_host()?;
+                if let Err(detail) = assert_close(&got, want, (call.op.tolerance)(want.dtype())) {
+                    return Err(Error::Divergence {
+                        op: call.op.name.to_string(),
+                        location,
+                        output: i,
+                        detail,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPolicy for Debug {
+    fn mode(&self) -> EagerMode {
+        EagerMode::Debug
+    }
+
+    fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {
+        tracing::debug!(op = call.op.name, inputs = %describe(&call), at = %call.location, "dispatch");
+        let fail = |source: Error| Error::OpFailed {
+            op: call.op.name.to_string(),
+            location: call.location.to_string(),
+            inputs: describe(&call),
+            source: Box::new(source),
+        };
+        let outputs = self.strict.run(&call).map_err(fail)?;
+        for out in &outputs {
+            out.buffer()
+                .and_then(|b| b.block_until_ready())
+                .map_err(fail)?;
+        }
+        self.check(&call, &outputs)?;
+        Ok(outputs)
+    }
+
+    fn materialize(&self, _tensor: &Tensor) -> Result<()> {
+        Ok(())
+    }
+
+    fn flush(&self, _reason: CutReason) -> Result<()> {
+        Ok(())
+    }
+}

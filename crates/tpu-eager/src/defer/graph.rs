@@ -1,0 +1,235 @@
+//! A pending graph of one device: recorded op calls, their external input
+//! buffers, and how to lower the live part of it into one program.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::panic::Location;
+use std::sync::Arc;
+
+use tpu_core::op::{Attrs, OpDef, OpId};
+use tpu_core::pjrt::Buffer;
+use tpu_core::stablehlo::{Builder, TensorType, Value};
+use tpu_core::{Error, Result, TensorValue, WeakTensor};
+
+/// Where a node input comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Src {
+    /// A buffer that existed before the graph (a parameter of the program).
+    External(usize),
+    /// Output `1` of node `0`.
+    Node(usize, usize),
+}
+
+pub(crate) struct Output {
+    pub ty: TensorType,
+    pub tensor: WeakTensor,
+    pub token: u64,
+}
+
+pub(crate) struct Node {
+    pub op: &'static OpDef,
+    pub id: OpId,
+    pub attrs: Attrs,
+    pub inputs: Vec<Src>,
+    pub outputs: Vec<Output>,
+    pub location: &'static Location<'static>,
+}
+
+impl Node {
+    /// Op, attributes and input types: what makes two steps "the same op".
+    pub fn kind(&self, input_types: &[TensorType]) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.id.hash(&mut h);
+        self.attrs.hash(&mut h);
+        input_types.hash(&mut h);
+        h.finish()
+    }
+}
+
+/// The recorded, not yet executed ops of one device.
+#[derive(Default)]
+pub(crate) struct Graph {
+    pub nodes: Vec<Node>,
+    pub externals: Vec<Arc<Buffer>>,
+    /// Token of a pending tensor -> (node, output).
+    pub tokens: HashMap<u64, (usize, usize)>,
+    /// Per node: its kind (see [`Node::kind`]).
+    pub kinds: Vec<u64>,
+    /// Per node: the structural fingerprint of the graph up to and including it.
+    pub fingerprints: Vec<u64>,
+    pub pending_bytes: usize,
+}
+
+impl Graph {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The index of `buffer` among the externals, adding it if new.
+    pub fn external(&mut self, buffer: Arc<Buffer>) -> usize {
+        match self.externals.iter().position(|b| Arc::ptr_eq(b, &buffer)) {
+            Some(i) => i,
+            None => {
+                self.externals.push(buffer);
+                self.externals.len() - 1
+            }
+        }
+    }
+
+    pub fn src_type(&self, src: Src) -> TensorType {
+        match src {
+            Src::External(i) => {
+                TensorType::new(self.externals[i].dtype(), self.externals[i].shape().clone())
+            }
+            Src::Node(n, o) => self.nodes[n].outputs[o].ty.clone(),
+        }
+    }
+
+    /// Appends a node, updating kinds and fingerprints.
+    pub fn push(&mut self, node: Node) {
+        let input_types: Vec<TensorType> = node.inputs.iter().map(|&s| self.src_type(s)).collect();
+        let kind = node.kind(&input_types);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.fingerprints.last().copied().unwrap_or(0).hash(&mut h);
+        kind.hash(&mut h);
+        node.inputs.hash(&mut h);
+        let index = self.nodes.len();
+        for (o, out) in node.outputs.iter().enumerate() {
+            self.tokens.insert(out.token, (index, o));
+            self.pending_bytes += out.ty.shape.numel() * out.ty.dtype.size_in_bytes();
+        }
+        self.kinds.push(kind);
+        self.fingerprints.push(h.finish());
+        self.nodes.push(node);
+    }
+
+    /// True when the tensor behind `out` is alive and still waits for this
+    /// graph.
+    fn is_live(out: &Output) -> bool {
+        out.tensor
+            .upgrade()
+            .is_some_and(|t| matches!(t.value(), TensorValue::Pending(p) if p.token == out.token))
+    }
+
+    /// Outputs still wanted, and the nodes needed to compute them.
+    pub fn live(&self) -> (Vec<(usize, usize)>, Vec<bool>) {
+        let mut results = Vec::new();
+        let mut needed = vec![false; self.nodes.len()];
+        for (n, node) in self.nodes.iter().enumerate() {
+            for (o, out) in node.outputs.iter().enumerate() {
+                if Self::is_live(out) {
+                    results.push((n, o));
+                    needed[n] = true;
+                }
+            }
+        }
+        for n in (0..self.nodes.len()).rev() {
+            if needed[n] {
+                for src in &self.nodes[n].inputs {
+                    if let Src::Node(m, _) = src {
+                        needed[*m] = true;
+                    }
+                }
+            }
+        }
+        (results, needed)
+    }
+}
+
+/// A graph lowered to one program.
+pub(crate) struct Lowered {
+    pub program: String,
+    /// Externals in parameter order, and whether each is donated.
+    pub params: Vec<(usize, bool)>,
+    /// The (node, output) of each program result.
+    pub results: Vec<(usize, usize)>,
+}
+
+fn describe_inputs(graph: &Graph, node: &Node) -> String {
+    node.inputs
+        .iter()
+        .map(|&s| graph.src_type(s).to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The error for node `node` failing with `source`.
+pub(crate) fn node_error(graph: &Graph, node: &Node, source: Error) -> Error {
+    Error::OpFailed {
+        op: node.op.name.to_string(),
+        location: node.location.to_string(),
+        inputs: describe_inputs(graph, node),
+        source: Box::new(source),
+    }
+}
+
+/// Lowers the live part of `graph`: dead nodes are skipped, and externals
+/// no tensor holds any more are donated to a result of the same type.
+pub(crate) fn lower(
+    graph: &Graph,
+    results: Vec<(usize, usize)>,
+    needed: &[bool],
+) -> Result<Lowered> {
+    let mut b = Builder::new("fused");
+    let mut params: Vec<(usize, bool)> = Vec::new();
+    let mut param_values: Vec<Value> = Vec::new();
+    let mut external_values: HashMap<usize, Value> = HashMap::new();
+    let mut node_values: Vec<Vec<Value>> = Vec::with_capacity(graph.nodes.len());
+    for (n, node) in graph.nodes.iter().enumerate() {
+        if !needed[n] {
+            node_values.push(Vec::new());
+            continue;
+        }
+        let mut inputs = Vec::with_capacity(node.inputs.len());
+        for &src in &node.inputs {
+            let v = match src {
+                Src::Node(m, o) => node_values[m][o].clone(),
+                Src::External(i) => external_values
+                    .entry(i)
+                    .or_insert_with(|| {
+                        let v = b.parameter(graph.src_type(src));
+                        params.push((i, false));
+                        param_values.push(v.clone());
+                        v
+                    })
+                    .clone(),
+            };
+            inputs.push(v);
+        }
+        let outs = (node.op.lower)(&mut b, &inputs, &node.attrs).map_err(|reason| {
+            node_error(
+                graph,
+                node,
+                Error::InvalidInput {
+                    op: node.op.name.to_string(),
+                    inputs: describe_inputs(graph, node),
+                    device: "tpu".into(),
+                    reason,
+                },
+            )
+        })?;
+        node_values.push(outs);
+    }
+    let values: Vec<Value> = results
+        .iter()
+        .map(|&(n, o)| node_values[n][o].clone())
+        .collect();
+    // An external held only by this graph can never be read again: give its
+    // buffer to the first untaken result of its type.
+    let mut taken = vec![false; values.len()];
+    for (slot, param) in params.iter_mut().zip(&param_values) {
+        if Arc::strong_count(&graph.externals[slot.0]) != 1 {
+            continue;
+        }
+        if let Some(r) = (0..values.len()).find(|&r| !taken[r] && values[r].ty() == param.ty()) {
+            taken[r] = true;
+            slot.1 = true;
+            b.donate(param, r);
+        }
+    }
+    Ok(Lowered {
+        program: b.finish(&values),
+        params,
+        results,
+    })
+}

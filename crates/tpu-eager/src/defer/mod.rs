@@ -1,0 +1,442 @@
+//! DeferAndFuse: ops on each device are recorded into a pending graph and
+//! compiled as one program when a value is needed.
+//!
+//! Cut points: a host read or any other materialisation, an explicit
+//! `sync()`, the end of a backward pass, a non-fusible or host-sync op, a cap
+//! on pending ops or bytes, and a repeated-sequence heuristic that cuts a
+//! training loop into one identical graph per step. Graphs are canonical by
+//! construction (parameters and values numbered in recording order, scalars
+//! passed as tensors), so changing values never recompiles. Dead
+//! intermediates are never materialised, and inputs that no tensor holds any
+//! more are donated to the program.
+
+mod graph;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use graph::{Graph, Node, Output, Src, lower, node_error};
+use tpu_core::metrics::{CutReason, record_graph_cut};
+use tpu_core::op::{Flags, single_op_program};
+use tpu_core::pjrt::{Arg, CompileOptions};
+use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
+
+use crate::Strict;
+
+/// Limits on a pending graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeferConfig {
+    /// Cut when this many ops are pending (`TPU_RS_DEFER_MAX_OPS`).
+    pub max_ops: usize,
+    /// Cut when pending outputs reach this many bytes (`TPU_RS_DEFER_MAX_BYTES`).
+    pub max_bytes: usize,
+    /// Shortest op sequence the repeat detector looks for.
+    pub min_period: usize,
+}
+
+impl Default for DeferConfig {
+    fn default() -> DeferConfig {
+        DeferConfig {
+            max_ops: 4096,
+            max_bytes: 1 << 32,
+            min_period: 4,
+        }
+    }
+}
+
+impl DeferConfig {
+    /// Defaults overridden by `TPU_RS_DEFER_MAX_OPS` and `TPU_RS_DEFER_MAX_BYTES`.
+    pub fn from_env() -> DeferConfig {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        let d = DeferConfig::default();
+        DeferConfig {
+            max_ops: read("TPU_RS_DEFER_MAX_OPS").unwrap_or(d.max_ops).max(1),
+            max_bytes: read("TPU_RS_DEFER_MAX_BYTES").unwrap_or(d.max_bytes),
+            ..d
+        }
+    }
+}
+
+/// Per device: the pending graph and the shape of the last one cut.
+#[derive(Default)]
+struct DeviceState {
+    graph: Graph,
+    /// Length and fingerprint of the previously cut graph.
+    previous: Option<(usize, u64)>,
+    /// A repetition was completed by the last op: cut before the next one,
+    /// once the caller has let go of the step's inputs (so they can be
+    /// donated).
+    repeat_cut: bool,
+}
+
+/// The DeferAndFuse policy.
+pub struct DeferAndFuse {
+    me: Weak<DeferAndFuse>,
+    config: DeferConfig,
+    devices: Mutex<HashMap<usize, DeviceState>>,
+    strict: Strict,
+}
+
+/// Tokens are unique across instances, so a token names its graph.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+enum Resolved {
+    Ready(Vec<Src>),
+    /// These inputs must be materialised first (outside the lock).
+    Materialize(Vec<Tensor>),
+}
+
+impl DeferAndFuse {
+    /// A policy with `config`.
+    pub fn new(config: DeferConfig) -> Arc<DeferAndFuse> {
+        Arc::new_cyclic(|me| DeferAndFuse {
+            me: me.clone(),
+            config,
+            devices: Mutex::new(HashMap::new()),
+            strict: Strict::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, DeviceState>> {
+        self.devices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of ops pending on `device`.
+    pub fn pending_ops(&self, device: usize) -> usize {
+        self.lock().get(&device).map_or(0, |d| d.graph.nodes.len())
+    }
+
+    fn resolve(graph: &mut Graph, inputs: &[Tensor]) -> Resolved {
+        let mut srcs = Vec::with_capacity(inputs.len());
+        let mut foreign = Vec::new();
+        for t in inputs {
+            match t.value() {
+                TensorValue::Pending(p) => match graph.tokens.get(&p.token) {
+                    Some(&(n, o)) => srcs.push(Src::Node(n, o)),
+                    None => foreign.push(t.clone()),
+                },
+                TensorValue::Device(b) => srcs.push(Src::External(graph.external(b))),
+                TensorValue::Host(_) => foreign.push(t.clone()),
+            }
+        }
+        if foreign.is_empty() {
+            Resolved::Ready(srcs)
+        } else {
+            Resolved::Materialize(foreign)
+        }
+    }
+
+    fn record(&self, call: &OpCall<'_>) -> Result<Vec<Tensor>> {
+        let me: Arc<dyn ExecutionPolicy> = match self.me.upgrade() {
+            Some(me) => me,
+            None => return self.strict.run(call),
+        };
+        loop {
+            let mut devices = self.lock();
+            let state = devices.entry(call.device).or_default();
+            if std::mem::take(&mut state.repeat_cut) {
+                self.cut(state, call.device, CutReason::RepeatedSequence)?;
+            }
+            let srcs = match Self::resolve(&mut state.graph, call.inputs) {
+                Resolved::Ready(srcs) => srcs,
+                Resolved::Materialize(tensors) => {
+                    drop(devices);
+                    for t in tensors {
+                        t.buffer()?;
+                    }
+                    continue;
+                }
+            };
+            let mut tensors = Vec::with_capacity(call.outputs.len());
+            let mut outputs = Vec::with_capacity(call.outputs.len());
+            for ty in &call.outputs {
+                let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+                let t = Tensor::pending(
+                    ty.clone(),
+                    Device::Tpu(call.device),
+                    Pending {
+                        policy: me.clone(),
+                        token,
+                    },
+                );
+                outputs.push(Output {
+                    ty: ty.clone(),
+                    tensor: t.downgrade(),
+                    token,
+                });
+                tensors.push(t);
+            }
+            state.graph.push(Node {
+                op: call.op,
+                id: call.id,
+                attrs: call.attrs.clone(),
+                inputs: srcs,
+                outputs,
+                location: call.location,
+            });
+            match self.cut_now(state) {
+                Some(CutReason::RepeatedSequence) => state.repeat_cut = true,
+                Some(reason) => self.cut_split(state, call.device, reason)?,
+                None => {}
+            }
+            return Ok(tensors);
+        }
+    }
+
+    /// Whether the graph should be cut after its newest node, and why.
+    fn cut_now(&self, state: &DeviceState) -> Option<CutReason> {
+        let g = &state.graph;
+        let n = g.nodes.len();
+        if n >= self.config.max_ops || g.pending_bytes >= self.config.max_bytes {
+            return Some(CutReason::PendingCap);
+        }
+        if state.previous == Some((n, g.fingerprints[n - 1])) {
+            return Some(CutReason::RepeatedSequence);
+        }
+        None
+    }
+
+    /// Cuts the graph. At the op cap, if the pending ops are one sequence
+    /// repeated (a training loop with no cut of its own), the graph is
+    /// replayed so that each repetition becomes its own, identical graph.
+    fn cut_split(&self, state: &mut DeviceState, device: usize, reason: CutReason) -> Result<()> {
+        if reason == CutReason::PendingCap
+            && let Some(period) = period(&state.graph.kinds, self.config.min_period)
+        {
+            let graph = std::mem::take(&mut state.graph);
+            state.previous = Some((period, graph.fingerprints[period - 1]));
+            let cuts = self.replay(state, device, graph)?;
+            if cuts > 0 {
+                return Ok(());
+            }
+        }
+        self.cut(state, device, reason)
+    }
+
+    /// Records `old`'s nodes again into `state`, cutting whenever the pending
+    /// graph repeats the previous one; returns how many cuts that made.
+    fn replay(&self, state: &mut DeviceState, device: usize, old: Graph) -> Result<usize> {
+        let me: Arc<dyn ExecutionPolicy> = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::Signature("the policy is being dropped".into()))?;
+        let Graph {
+            nodes, externals, ..
+        } = old;
+        // Outputs read by later nodes get a tensor that lives through the
+        // replay, so a cut materialises them and later graphs read buffers.
+        let mut used = vec![Vec::new(); nodes.len()];
+        for node in &nodes {
+            for src in &node.inputs {
+                if let Src::Node(n, o) = *src {
+                    used[n].push(o);
+                }
+            }
+        }
+        let mut bridges: HashMap<(usize, usize), Tensor> = HashMap::new();
+        let mut cuts = 0;
+        for (n, mut node) in nodes.into_iter().enumerate() {
+            let mut inputs = Vec::with_capacity(node.inputs.len());
+            for &src in &node.inputs {
+                let resolved = match src {
+                    Src::External(i) => Src::External(state.graph.external(externals[i].clone())),
+                    Src::Node(m, o) => {
+                        let bridge = bridges.get(&(m, o)).ok_or_else(|| {
+                            Error::Signature("a deferred op lost its input".into())
+                        })?;
+                        match bridge.value() {
+                            TensorValue::Pending(p) => match state.graph.tokens.get(&p.token) {
+                                Some(&(k, q)) => Src::Node(k, q),
+                                None => {
+                                    return Err(Error::Signature(
+                                        "a deferred input left its graph".into(),
+                                    ));
+                                }
+                            },
+                            TensorValue::Device(b) => Src::External(state.graph.external(b)),
+                            TensorValue::Host(_) => {
+                                return Err(Error::Signature(
+                                    "a deferred input is on the host".into(),
+                                ));
+                            }
+                        }
+                    }
+                };
+                inputs.push(resolved);
+            }
+            node.inputs = inputs;
+            for &o in &used[n] {
+                let out = &mut node.outputs[o];
+                let tensor = out.tensor.upgrade().unwrap_or_else(|| {
+                    let t = Tensor::pending(
+                        out.ty.clone(),
+                        Device::Tpu(device),
+                        Pending {
+                            policy: me.clone(),
+                            token: out.token,
+                        },
+                    );
+                    out.tensor = t.downgrade();
+                    t
+                });
+                bridges.insert((n, o), tensor);
+            }
+            state.graph.push(node);
+            let len = state.graph.nodes.len();
+            if state.previous == Some((len, state.graph.fingerprints[len - 1])) {
+                self.cut(state, device, CutReason::RepeatedSequence)?;
+                cuts += 1;
+            }
+        }
+        Ok(cuts)
+    }
+
+    /// Compiles and runs the live part of `state`'s graph.
+    fn cut(&self, state: &mut DeviceState, device: usize, reason: CutReason) -> Result<()> {
+        let graph = std::mem::take(&mut state.graph);
+        if graph.is_empty() {
+            return Ok(());
+        }
+        state.repeat_cut = false;
+        let (results, needed) = graph.live();
+        let n = graph.nodes.len();
+        state.previous = Some((n, graph.fingerprints[n - 1]));
+        if results.is_empty() {
+            return Ok(());
+        }
+        record_graph_cut(reason);
+        let lowered = lower(&graph, results, &needed)?;
+        let runtime = Runtime::global()?;
+        let executable = match runtime.compile(&lowered.program, &CompileOptions::on_device(device))
+        {
+            Ok(exe) => exe,
+            Err(e) => return Err(blame(&graph, &needed, device, e)),
+        };
+        let Graph {
+            nodes, externals, ..
+        } = graph;
+        let mut externals: Vec<Option<Arc<tpu_core::pjrt::Buffer>>> =
+            externals.into_iter().map(Some).collect();
+        let mut owned = Vec::new();
+        let mut args_order = Vec::new();
+        for &(i, donate) in &lowered.params {
+            let Some(buffer) = externals[i].take() else {
+                return Err(Error::Signature("an external appears twice".into()));
+            };
+            match (donate, Arc::try_unwrap(buffer)) {
+                (true, Ok(b)) => args_order.push((true, owned.len(), Some(b))),
+                (_, Ok(b)) => {
+                    owned.push(Arc::new(b));
+                    args_order.push((false, owned.len() - 1, None));
+                }
+                (_, Err(shared)) => {
+                    owned.push(shared);
+                    args_order.push((false, owned.len() - 1, None));
+                }
+            }
+        }
+        let args: Vec<Arg<'_>> = args_order
+            .into_iter()
+            .map(|(_, index, donated)| match donated {
+                Some(b) => Arg::Donate(b),
+                None => Arg::Borrow(owned[index].as_ref()),
+            })
+            .collect();
+        let outputs = executable.execute(args)?;
+        for ((n, o), buffer) in lowered.results.iter().zip(outputs) {
+            if let Some(t) = nodes[*n].outputs[*o].tensor.upgrade() {
+                t.set_value(TensorValue::Device(Arc::new(buffer)));
+            }
+        }
+        Ok(())
+    }
+
+    fn cut_device(&self, device: usize, reason: CutReason) -> Result<()> {
+        let mut devices = self.lock();
+        match devices.get_mut(&device) {
+            Some(state) => self.cut(state, device, reason),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The shortest period `p >= min` of `kinds` with at least two full
+/// repetitions: `kinds[i] == kinds[i + p]` for every `i`.
+fn period(kinds: &[u64], min: usize) -> Option<usize> {
+    let n = kinds.len();
+    (min.max(1)..=n / 2).find(|&p| (0..n - p).all(|i| kinds[i] == kinds[i + p]))
+}
+
+/// A compile error of a fused graph, blamed on the first op that fails on
+/// its own (or on the graph's last op).
+fn blame(graph: &Graph, needed: &[bool], device: usize, error: Error) -> Error {
+    let runtime = Runtime::global();
+    for (n, node) in graph.nodes.iter().enumerate() {
+        if !needed[n] {
+            continue;
+        }
+        let types: Vec<_> = node.inputs.iter().map(|&s| graph.src_type(s)).collect();
+        let single = single_op_program(node.op, &types, &node.attrs).and_then(|program| {
+            runtime
+                .as_ref()
+                .map_err(Clone::clone)?
+                .compile(&program, &CompileOptions::on_device(device))
+        });
+        if let Err(e) = single {
+            return node_error(graph, node, e);
+        }
+    }
+    match graph.nodes.last() {
+        Some(node) => node_error(graph, node, error),
+        None => error,
+    }
+}
+
+impl ExecutionPolicy for DeferAndFuse {
+    fn mode(&self) -> EagerMode {
+        EagerMode::DeferAndFuse
+    }
+
+    fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {
+        if call.op.flags.contains(Flags::NOT_FUSIBLE) || call.op.flags.contains(Flags::HOST_SYNC) {
+            self.cut_device(call.device, CutReason::NotFusible)?;
+            return self.strict.run(&call);
+        }
+        self.record(&call)
+    }
+
+    fn materialize(&self, tensor: &Tensor) -> Result<()> {
+        let TensorValue::Pending(p) = tensor.value() else {
+            return Ok(());
+        };
+        let mut devices = self.lock();
+        let device = devices
+            .iter()
+            .find(|(_, s)| s.graph.tokens.contains_key(&p.token))
+            .map(|(d, _)| *d);
+        match device {
+            Some(d) => match devices.get_mut(&d) {
+                Some(state) => self.cut(state, d, CutReason::HostRead),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&self, reason: CutReason) -> Result<()> {
+        let mut devices = self.lock();
+        let keys: Vec<usize> = devices.keys().copied().collect();
+        for d in keys {
+            if let Some(state) = devices.get_mut(&d) {
+                self.cut(state, d, reason)?;
+            }
+        }
+        Ok(())
+    }
+}

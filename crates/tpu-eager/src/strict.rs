@@ -1,0 +1,124 @@
+//! Strict: one single-op program per call, compiled once per (op,
+//! attributes, input types, device) and executed asynchronously.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use tpu_core::metrics::CutReason;
+use tpu_core::op::{Attrs, OpId, single_op_program};
+use tpu_core::pjrt::{Buffer, CompileOptions, Executable};
+use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::stablehlo::TensorType;
+use tpu_core::{Result, Runtime, Tensor};
+
+struct Entry {
+    op: OpId,
+    attrs: Attrs,
+    inputs: Vec<TensorType>,
+    device: usize,
+    executable: Arc<Executable>,
+}
+
+impl Entry {
+    fn matches(&self, call: &OpCall<'_>) -> bool {
+        self.op == call.id
+            && self.device == call.device
+            && self.attrs == *call.attrs
+            && self.inputs.len() == call.inputs.len()
+            && self
+                .inputs
+                .iter()
+                .zip(call.inputs)
+                .all(|(t, x)| t == x.ty())
+    }
+}
+
+/// The Strict policy.
+#[derive(Default)]
+pub struct Strict {
+    /// Executables by a hash of the call's key; entries are compared in full.
+    executables: Mutex<HashMap<u64, Vec<Entry>>>,
+}
+
+fn call_hash(call: &OpCall<'_>) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    call.id.hash(&mut h);
+    call.device.hash(&mut h);
+    call.attrs.hash(&mut h);
+    for x in call.inputs {
+        x.ty().hash(&mut h);
+    }
+    h.finish()
+}
+
+impl Strict {
+    /// A Strict policy with an empty executable table.
+    pub fn new() -> Strict {
+        Strict::default()
+    }
+
+    /// The executable for `call`, compiled on first use.
+    pub(crate) fn executable(&self, call: &OpCall<'_>) -> Result<Arc<Executable>> {
+        let hash = call_hash(call);
+        {
+            let table = self.executables.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = table
+                .get(&hash)
+                .and_then(|es| es.iter().find(|e| e.matches(call)))
+            {
+                return Ok(e.executable.clone());
+            }
+        }
+        let types: Vec<TensorType> = call.inputs.iter().map(|x| x.ty().clone()).collect();
+        let program = single_op_program(call.op, &types, call.attrs)?;
+        let executable =
+            Runtime::global()?.compile(&program, &CompileOptions::on_device(call.device))?;
+        let entry = Entry {
+            op: call.id,
+            attrs: call.attrs.clone(),
+            inputs: types,
+            device: call.device,
+            executable: executable.clone(),
+        };
+        self.executables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(hash)
+            .or_default()
+            .push(entry);
+        Ok(executable)
+    }
+
+    /// Runs `call` now; outputs are enqueued, not waited for.
+    pub(crate) fn run(&self, call: &OpCall<'_>) -> Result<Vec<Tensor>> {
+        let executable = self.executable(call)?;
+        let buffers: Vec<Arc<Buffer>> = call
+            .inputs
+            .iter()
+            .map(Tensor::buffer)
+            .collect::<Result<_>>()?;
+        let args: Vec<&Buffer> = buffers.iter().map(Arc::as_ref).collect();
+        let outputs = executable.run(&args)?;
+        Ok(outputs.into_iter().map(Tensor::from_buffer).collect())
+    }
+}
+
+impl ExecutionPolicy for Strict {
+    fn mode(&self) -> EagerMode {
+        EagerMode::Strict
+    }
+
+    fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {
+        self.run(&call)
+    }
+
+    fn materialize(&self, _tensor: &Tensor) -> Result<()> {
+        // Strict never leaves values pending.
+        Ok(())
+    }
+
+    fn flush(&self, _reason: CutReason) -> Result<()> {
+        Ok(())
+    }
+}

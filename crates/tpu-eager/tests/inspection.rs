@@ -1,0 +1,242 @@
+//! Inspection of DeferAndFuse through the process-wide metrics: what fused,
+//! what compiled, why graphs were cut, what was materialised or donated.
+//! Tests here run one at a time, so the counters they read are their own.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::*;
+use tpu_core::metrics::{CutReason, metrics};
+use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy};
+use tpu_core::{Device, Tensor};
+use tpu_eager::{DeferAndFuse, DeferConfig};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn chain(x: &Tensor, scale: &Tensor, n: usize) -> Tensor {
+    let mut y = x.clone();
+    for i in 0..n {
+        y = match i % 3 {
+            0 => op("tanh", &[&y]),
+            1 => op("mul", &[&y, scale]),
+            _ => op("add", &[&y, x]),
+        };
+    }
+    y
+}
+
+#[test]
+fn defer_fuses_a_chain_into_one_program_and_values_never_recompile() {
+    let _serial = serial();
+    let policy = DeferAndFuse::new(DeferConfig::default());
+    with_policy(policy, || {
+        let x = ramp(&[4, 6], 0.1, Device::Tpu(0));
+        let before = metrics();
+        let y = chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 30);
+        let first = values(&y);
+        let after_first = metrics();
+        assert_eq!(
+            after_first.executions - before.executions,
+            1,
+            "one fused program"
+        );
+        assert_eq!(
+            after_first.cuts(CutReason::HostRead) - before.cuts(CutReason::HostRead),
+            1
+        );
+        // New values, a new scalar: the same program.
+        let x2 = ramp(&[4, 6], -0.2, Device::Tpu(0));
+        let y2 = chain(&x2, &tensor(&[], vec![0.25], Device::Tpu(0)), 30);
+        let second = values(&y2);
+        let after_second = metrics();
+        assert_eq!(
+            after_second.compiles, after_first.compiles,
+            "no recompilation"
+        );
+        let expect = with_eager_mode(EagerMode::Strict, || {
+            values(&chain(&x2, &tensor(&[], vec![0.25], Device::Tpu(0)), 30))
+        })
+        .unwrap();
+        assert_close(&second, &expect, 1e-5);
+        assert_ne!(first, second);
+    });
+}
+
+#[test]
+fn dead_intermediates_are_never_materialized() {
+    let _serial = serial();
+    let x = ramp(&[256, 256], 0.01, Device::Tpu(0));
+    let scale = tensor(&[], vec![0.9], Device::Tpu(0));
+    let peak = |mode| {
+        with_eager_mode(mode, || {
+            let _ = values(&chain(&x, &scale, 3)); // warm up compiles
+            tpu_core::metrics::reset_peak_device_bytes();
+            let base = metrics().live_device_bytes;
+            let y = chain(&x, &scale, 40);
+            let _ = values(&y);
+            metrics().peak_device_bytes - base
+        })
+        .unwrap()
+    };
+    let strict = peak(EagerMode::Strict);
+    let fused = peak(EagerMode::DeferAndFuse);
+    assert!(fused < strict, "defer peak {fused} bytes, strict {strict}");
+    assert!(
+        fused <= 256 * 256 * 4,
+        "only the result is materialised: {fused}"
+    );
+}
+
+#[test]
+fn cut_points_sync_and_cap() {
+    let _serial = serial();
+    let policy = DeferAndFuse::new(DeferConfig {
+        max_ops: 8,
+        ..DeferConfig::default()
+    });
+    with_policy(policy.clone(), || {
+        let x = ramp(&[5], 0.1, Device::Tpu(0));
+        let before = metrics();
+        let y = chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 20);
+        assert!(metrics().cuts(CutReason::PendingCap) > before.cuts(CutReason::PendingCap));
+        assert!(policy.pending_ops(0) < 8);
+        sync().unwrap();
+        assert_eq!(policy.pending_ops(0), 0);
+        assert!(metrics().cuts(CutReason::Sync) > before.cuts(CutReason::Sync));
+        let expect = with_eager_mode(EagerMode::Strict, || {
+            values(&chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 20))
+        })
+        .unwrap();
+        assert_close(&values(&y), &expect, 1e-5);
+    });
+}
+
+/// One "training step" without any host read: the loop gives the policy no
+/// One "training step" without any host read: the loop gives the policy no
+/// cut of its own.
+fn step(p: &Tensor, x: &Tensor, lr: &Tensor) -> Tensor {
+    let h = op("mul", &[p, x]);
+    let a = op("tanh", &[&h]);
+    let g = op("mul", &[&a, x]);
+    let s = op("mul", &[&g, lr]);
+    op("sub", &[p, &s])
+}
+
+#[test]
+fn repeated_steps_become_one_stable_graph() {
+    let _serial = serial();
+    let policy = DeferAndFuse::new(DeferConfig {
+        max_ops: 64,
+        ..DeferConfig::default()
+    });
+    let x = ramp(&[8], 0.1, Device::Tpu(0));
+    let expect = with_eager_mode(EagerMode::Strict, || {
+        let mut p = ramp(&[8], 0.05, Device::Tpu(0));
+        for i in 0..60 {
+            p = step(
+                &p,
+                &x,
+                &tensor(&[], vec![0.1 / (1.0 + i as f64)], Device::Tpu(0)),
+            );
+        }
+        values(&p)
+    })
+    .unwrap();
+    with_policy(policy, || {
+        let mut p = ramp(&[8], 0.05, Device::Tpu(0));
+        let mut compiles_at = Vec::new();
+        for i in 0..60 {
+            p = step(
+                &p,
+                &x,
+                &tensor(&[], vec![0.1 / (1.0 + i as f64)], Device::Tpu(0)),
+            );
+            compiles_at.push(metrics().compiles);
+        }
+        assert!(metrics().cuts(CutReason::RepeatedSequence) > 0);
+        assert_eq!(compiles_at[30], compiles_at[59], "steps stopped compiling");
+        assert_close(&values(&p), &expect, 1e-5);
+    });
+}
+
+#[test]
+fn donated_inputs_are_reused() {
+    let _serial = serial();
+    let policy = DeferAndFuse::new(DeferConfig::default());
+    with_policy(policy, || {
+        let x = ramp(&[64, 64], 0.01, Device::Tpu(0));
+        let _ = values(&op("tanh", &[&x])); // compile once
+        let x = ramp(&[64, 64], 0.01, Device::Tpu(0));
+        let address = x.buffer().unwrap().device_address().unwrap();
+        let y = op("tanh", &[&x]);
+        drop(x); // nothing holds the input any more: it is donated
+        let out = y.buffer().unwrap();
+        assert_eq!(
+            out.device_address().unwrap(),
+            address,
+            "output reuses the donated input"
+        );
+    });
+}
+
+/// Runs in a child process (see the next test): a fused program through the
+/// runtime's cache, then reports the counters.
+#[test]
+fn child_runs_a_program_with_the_disk_cache() {
+    if std::env::var_os("TPU_RS_CACHE_CHILD").is_none() {
+        return;
+    }
+    with_eager_mode(EagerMode::DeferAndFuse, || {
+        let x = ramp(&[16, 16], 0.1, Device::Tpu(0));
+        let _ = values(&chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 12));
+    })
+    .unwrap();
+    let m = metrics();
+    println!("CHILD compiles={} disk_hits={}", m.compiles, m.disk_hits);
+}
+
+#[test]
+fn a_second_process_loads_executables_instead_of_compiling() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("tpu-rs-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = || {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_runs_a_program_with_the_disk_cache",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TPU_RS_CACHE_CHILD", "1")
+            .env("TPU_RS_CACHE_DIR", &dir)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find_map(|l| l.find("CHILD").map(|i| l[i..].to_string()))
+            .unwrap_or_else(|| panic!("child said: {text}"));
+        let field = |name: &str| -> u64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{line}"))
+        };
+        (field("compiles="), field("disk_hits="))
+    };
+    let (compiles, hits) = run();
+    assert!(
+        compiles >= 1 && hits == 0,
+        "first process: {compiles} compiles, {hits} disk hits"
+    );
+    let (compiles, hits) = run();
+    assert_eq!(compiles, 0, "second process compiled");
+    assert!(hits >= 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

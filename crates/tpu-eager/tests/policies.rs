@@ -1,0 +1,228 @@
+//! The three policies against each other, against the host reference, and
+//! the behaviour each promises: fusion, no recompiles for new values, cut
+//! reasons, donation, error reporting, scoping.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use proptest::prelude::*;
+use tpu_core::op::Attrs;
+use tpu_core::policy::{EagerMode, current_mode, with_eager_mode, with_policy};
+use tpu_core::{Device, Error, Tensor};
+use tpu_eager::{Debug, DebugChecks};
+
+/// A random program: each step applies an op to earlier values.
+#[derive(Clone, Debug)]
+struct Step {
+    op: usize,
+    a: usize,
+    b: usize,
+}
+
+const UNARY: [&str; 6] = ["tanh", "sigmoid", "sin", "neg", "relu", "cos"];
+const BINARY: [&str; 4] = ["add", "sub", "mul", "maximum"];
+
+fn run_program(steps: &[Step], device: Device) -> Vec<Vec<f64>> {
+    let mut vals = vec![
+        ramp(&[3, 5], 0.1, device),
+        ramp(&[1, 5], 0.07, device),
+        ramp(&[3, 1], -0.05, device),
+    ];
+    for s in steps {
+        let a = vals[s.a % vals.len()].clone();
+        let b = vals[s.b % vals.len()].clone();
+        let out = match s.op % 11 {
+            k if k < 6 => op(UNARY[k], &[&a]),
+            k if k < 10 => op(BINARY[k - 6], &[&a, &b]),
+            _ => op_with(
+                "sum",
+                &[&a],
+                Attrs::new().with("dims", vec![-1i64]).with("keepdim", true),
+            ),
+        };
+        vals.push(out);
+    }
+    vals.iter().map(values).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn policies_agree_with_each_other_and_the_reference(
+        steps in proptest::collection::vec((0usize..11, 0usize..64, 0usize..64).prop_map(|(op, a, b)| Step { op, a, b }), 1..24)
+    ) {
+        let expected = run_program(&steps, Device::Cpu);
+        for mode in MODES {
+            let got = with_eager_mode(mode, || run_program(&steps, Device::Tpu(0))).unwrap();
+            for (g, e) in got.iter().zip(&expected) {
+                assert_close(g, e, 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
+fn conformance_samples_pass_under_every_policy() {
+    let registry = tpu_ops::registry().expect("registry");
+    let mut failures = Vec::new();
+    for op in registry.iter() {
+        for sample in (op.samples)() {
+            for mode in MODES {
+                let run = |op: &tpu_core::op::OpDef, x: &[tpu_core::HostTensor], a: &Attrs| {
+                    with_eager_mode(mode, || {
+                        let inputs = x
+                            .iter()
+                            .map(|h| Tensor::from_host(h.clone(), Device::Tpu(0)))
+                            .collect::<tpu_core::Result<Vec<_>>>()?;
+                        let outs =
+                            tpu_core::policy::call(op.name, &inputs, a, Some(Device::Tpu(0)))?;
+                        outs.iter().map(Tensor::to_host).collect()
+                    })?
+                };
+                if let Err(e) = tpu_ops::conformance::check_sample(op, &sample, run) {
+                    failures.push(format!("[{mode}] {e}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// cut of its own.
+#[test]
+fn debug_names_the_op_and_the_call_site_of_non_finite_values() {
+    let policy = Arc::new(Debug::new(DebugChecks {
+        nan: true,
+        parity: true,
+    }));
+    with_policy(policy, || {
+        let x = tensor(&[2], vec![-1.0, 1.0], Device::Tpu(0));
+        let ok = op("exp", &[&x]);
+        assert_eq!(values(&ok).len(), 2);
+        let inputs = vec![x.clone()];
+        let err = tpu_core::policy::call("log", &inputs, &Attrs::new(), None).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::NonFinite { .. }), "{text}");
+        assert!(
+            text.contains("`log`") && text.contains("policies.rs"),
+            "{text}"
+        );
+    });
+}
+
+#[test]
+fn scopes_nest_and_are_per_thread() {
+    with_eager_mode(EagerMode::DeferAndFuse, || {
+        assert_eq!(current_mode().unwrap(), EagerMode::DeferAndFuse);
+        with_eager_mode(EagerMode::Debug, || {
+            assert_eq!(current_mode().unwrap(), EagerMode::Debug)
+        })
+        .unwrap();
+        assert_eq!(current_mode().unwrap(), EagerMode::DeferAndFuse);
+        let other = std::thread::spawn(|| current_mode().unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(other, EagerMode::from_env().unwrap());
+    })
+    .unwrap();
+    assert!("fused".parse::<EagerMode>().is_err());
+}
+
+#[test]
+fn mixing_devices_is_a_typed_error() {
+    let a = ramp(&[3], 1.0, Device::Tpu(0));
+    let b = ramp(&[3], 1.0, Device::Cpu);
+    let err = tpu_core::policy::call("add", &[a, b], &Attrs::new(), None).unwrap_err();
+    assert!(err.to_string().contains("different devices"), "{err}");
+}
+
+/// A deliberately wrong kernel: its device lowering computes `3x` while its
+/// reference says `2x`, so Debug's parity check must catch it.
+fn wrong_lowering(
+    b: &mut tpu_core::stablehlo::Builder,
+    x: &[tpu_core::stablehlo::Value],
+    _: &Attrs,
+) -> tpu_core::op::OpResult<Vec<tpu_core::stablehlo::Value>> {
+    let three = b.constant(x[0].dtype(), x[0].dims(), 3.0);
+    Ok(vec![b.binary("stablehlo.multiply", &x[0], &three)])
+}
+
+/// A kernel whose lowering always fails, to see where DeferAndFuse reports it.
+fn failing_lowering(
+    _: &mut tpu_core::stablehlo::Builder,
+    _: &[tpu_core::stablehlo::Value],
+    _: &Attrs,
+) -> tpu_core::op::OpResult<Vec<tpu_core::stablehlo::Value>> {
+    Err("this kernel cannot be lowered".into())
+}
+
+macro_rules! test_op {
+    ($name:literal, $lower:expr) => {
+        inventory::submit! {
+            tpu_core::op::OpDef {
+                name: $name,
+                arity: tpu_core::op::Arity::Exactly(1),
+                flags: tpu_core::op::Flags::ELEMENTWISE,
+                dtypes: &[tpu_core::DType::F32],
+                infer: |x, _| Ok(x.to_vec()),
+                lower: $lower,
+                reference: |x, _| Ok(vec![tpu_core::HostTensor::float(x[0].dtype(), x[0].to_f64() * 2.0)]),
+                vjp: None,
+                tolerance: tpu_core::host::Tolerance::for_dtype,
+                samples: Vec::new,
+                arbitrary: |_| tpu_core::op::Sample::new(vec![], Attrs::new()),
+                location: concat!(file!(), ":", line!()),
+            }
+        }
+    };
+}
+
+test_op!("test_wrong_double", wrong_lowering);
+test_op!("test_unlowerable", failing_lowering);
+
+#[test]
+fn debug_parity_names_the_first_diverging_op() {
+    let policy = Arc::new(Debug::new(DebugChecks {
+        nan: false,
+        parity: true,
+    }));
+    with_policy(policy, || {
+        let x = tensor(&[3], vec![1.0, 2.0, 3.0], Device::Tpu(0));
+        let y = op("exp", &[&x]);
+        let err =
+            tpu_core::policy::call("test_wrong_double", &[y], &Attrs::new(), None).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Divergence { .. }), "{text}");
+        assert!(
+            text.contains("test_wrong_double") && text.contains("policies.rs"),
+            "{text}"
+        );
+    });
+}
+
+#[test]
+fn deferred_errors_surface_at_the_cut_naming_the_users_op() {
+    with_eager_mode(EagerMode::DeferAndFuse, || {
+        let x = tensor(&[3], vec![1.0, 2.0, 3.0], Device::Tpu(0));
+        let y = op("exp", &[&x]);
+        let z = op("test_unlowerable", &[&y]); // recorded: nothing runs yet
+        let err = z.to_host().unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::OpFailed { .. }), "{text}");
+        assert!(
+            text.contains("test_unlowerable")
+                && text.contains("policies.rs")
+                && text.contains("cannot be lowered"),
+            "{text}"
+        );
+    })
+    .unwrap();
+}

@@ -1,0 +1,53 @@
+//! The error type of the tpu-rs facade.
+
+/// Result with the facade's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in the facade: everything tpu-core reports, plus
+/// misuse of autograd, layers and checkpoints.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum Error {
+    /// An error from the runtime, an op or a policy.
+    #[error(transparent)]
+    Core(#[from] tpu_core::Error),
+    /// `backward()` on a tensor that needs an explicit gradient.
+    #[error(
+        "backward() on a tensor of shape {shape} needs a gradient argument (only scalars default to 1)"
+    )]
+    NonScalarBackward {
+        /// The tensor's shape.
+        shape: String,
+    },
+    /// `backward()` on a tensor that no recorded op produced from a tensor
+    /// requiring gradients.
+    #[error("backward() on a tensor that does not require grad")]
+    NoGradient,
+    /// A layer or function called with inputs of the wrong shape.
+    #[error("{layer}: {reason}")]
+    Shape {
+        /// The layer, e.g. `Linear(in=4, out=3)`.
+        layer: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint that does not match the parameter store.
+    #[error(
+        "checkpoint does not match the model: missing [{missing}], unexpected [{unexpected}], mis-shaped [{mismatched}]"
+    )]
+    Checkpoint {
+        /// Parameters the checkpoint lacks.
+        missing: String,
+        /// Tensors the model does not have.
+        unexpected: String,
+        /// `name: checkpoint shape vs model shape`.
+        mismatched: String,
+    },
+    /// Reading or writing a file.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+}

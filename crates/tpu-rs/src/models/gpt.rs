@@ -1,0 +1,108 @@
+//! A GPT-2 style decoder with nanoGPT's parameter names
+//! (`transformer.wte.weight`, `transformer.h.0.attn.c_attn.weight`, ...),
+//! so checkpoints of the same architecture in PyTorch load directly.
+
+use crate::error::{Error, Result};
+use crate::nn::{CausalSelfAttention, Embedding, LayerNorm, Linear, Mlp, Module, ParamStore, Path};
+use crate::tensor::Tensor;
+
+/// Model dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptConfig {
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// Longest sequence.
+    pub block_size: usize,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// Channels.
+    pub n_embd: usize,
+}
+
+struct Block {
+    ln_1: LayerNorm,
+    attn: CausalSelfAttention,
+    ln_2: LayerNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn new(path: &Path, c: &GptConfig) -> Result<Block> {
+        Ok(Block {
+            ln_1: LayerNorm::new(&path.sub("ln_1"), c.n_embd, 1e-5)?,
+            attn: CausalSelfAttention::new(&path.sub("attn"), c.n_embd, c.n_head)?,
+            ln_2: LayerNorm::new(&path.sub("ln_2"), c.n_embd, 1e-5)?,
+            mlp: Mlp::new(&path.sub("mlp"), c.n_embd)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + &self.attn.forward(&self.ln_1.forward(x)?)?)?;
+        &x + &self.mlp.forward(&self.ln_2.forward(&x)?)?
+    }
+}
+
+/// The decoder.
+pub struct Gpt {
+    config: GptConfig,
+    wte: Embedding,
+    wpe: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    lm_head: Linear,
+}
+
+impl Gpt {
+    /// A freshly initialised model whose parameters live in `store`.
+    pub fn new(store: &ParamStore, config: GptConfig) -> Result<Gpt> {
+        let t = store.root().sub("transformer");
+        Ok(Gpt {
+            config,
+            wte: Embedding::with_std(&t.sub("wte"), config.vocab_size, config.n_embd, 0.02)?,
+            wpe: Embedding::with_std(&t.sub("wpe"), config.block_size, config.n_embd, 0.02)?,
+            blocks: (0..config.n_layer)
+                .map(|i| Block::new(&t.sub("h").sub(i), &config))
+                .collect::<Result<_>>()?,
+            ln_f: LayerNorm::new(&t.sub("ln_f"), config.n_embd, 1e-5)?,
+            lm_head: Linear::new(&store.root().sub("lm_head"), config.n_embd, config.vocab_size, false)?,
+        })
+    }
+
+    /// The dimensions.
+    pub fn config(&self) -> GptConfig {
+        self.config
+    }
+
+    /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (i64).
+    pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        let [_, t] = tokens.dims() else {
+            return Err(Error::Shape {
+                layer: "Gpt".into(),
+                reason: format!("expects token ids [batch, time], got {}", tokens.shape()),
+            });
+        };
+        let t = *t;
+        if t == 0 || t > self.config.block_size {
+            return Err(Error::Shape {
+                layer: "Gpt".into(),
+                reason: format!("sequence length {t} is outside 1..={}", self.config.block_size),
+            });
+        }
+        let positions: Vec<i64> = (0..t as i64).collect();
+        let positions = Tensor::from_slice(&positions, [t], tokens.device())?;
+        let mut x = (&self.wte.forward(tokens)? + &self.wpe.forward(&positions)?)?;
+        for block in &self.blocks {
+            x = block.forward(&x)?;
+        }
+        self.lm_head.forward(&self.ln_f.forward(&x)?)
+    }
+
+    /// Mean cross entropy of next-token prediction.
+    pub fn loss(&self, tokens: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = self.forward(tokens)?;
+        let v = self.config.vocab_size as i64;
+        crate::nn::cross_entropy(&logits.reshape(&[-1, v])?, &targets.reshape(&[-1])?)
+    }
+}

@@ -1,0 +1,5 @@
+//! Ready-made models.
+
+mod gpt;
+
+pub use gpt::{Gpt, GptConfig};

@@ -1,0 +1,236 @@
+//! Layers: Linear, Embedding, LayerNorm, RMSNorm, Conv2d, Dropout.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tpu_core::op::Attrs;
+
+use super::params::{Init, Parameter, ParamStore, Path};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// Something with a forward pass.
+pub trait Module {
+    /// Applies the layer.
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+fn shape_error(layer: String, reason: String) -> Error {
+    Error::Shape { layer, reason }
+}
+
+/// `y = x W^T + b` with `W: [out, in]` (PyTorch's layout).
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Parameter,
+    /// `[out]`, if any.
+    pub bias: Option<Parameter>,
+    in_features: usize,
+    out_features: usize,
+}
+
+impl Linear {
+    /// A linear layer under `path` (`path.weight`, `path.bias`), PyTorch's
+    /// default initialisation.
+    pub fn new(path: &Path, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
+        let bound = 1.0 / (in_features as f64).sqrt();
+        Ok(Linear {
+            weight: path.param("weight", [out_features, in_features], Init::Uniform(bound))?,
+            bias: if bias { Some(path.param("bias", [out_features], Init::Uniform(bound))?) } else { None },
+            in_features,
+            out_features,
+        })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.dims().last() != Some(&self.in_features) {
+            return Err(shape_error(
+                format!("Linear(in={}, out={})", self.in_features, self.out_features),
+                format!("expects inputs with last dimension {}, got shape {}", self.in_features, x.shape()),
+            ));
+        }
+        let w = self.weight.get().transpose(0, 1)?;
+        let y = x.matmul(&w)?;
+        match &self.bias {
+            Some(b) => &y + &b.get(),
+            None => Ok(y),
+        }
+    }
+}
+
+/// A lookup table `[num, dim]` indexed by integer tensors.
+pub struct Embedding {
+    /// `[num, dim]`.
+    pub weight: Parameter,
+    num: usize,
+}
+
+impl Embedding {
+    /// `num` embeddings of size `dim`, normal(0, 1) as in PyTorch.
+    pub fn new(path: &Path, num: usize, dim: usize) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: path.param("weight", [num, dim], Init::Normal(1.0))?,
+            num,
+        })
+    }
+
+    /// With a custom init standard deviation (GPT-2 uses 0.02).
+    pub fn with_std(path: &Path, num: usize, dim: usize, std: f64) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: path.param("weight", [num, dim], Init::Normal(std))?,
+            num,
+        })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, indices: &Tensor) -> Result<Tensor> {
+        if indices.dtype().is_float() {
+            return Err(shape_error(format!("Embedding({})", self.num), format!("indices must be integers, got {}", indices.dtype())));
+        }
+        self.weight.get().embedding(indices)
+    }
+}
+
+/// Layer normalisation over the last dimension.
+pub struct LayerNorm {
+    /// Scale.
+    pub weight: Parameter,
+    /// Shift.
+    pub bias: Parameter,
+    eps: f64,
+    dim: usize,
+}
+
+impl LayerNorm {
+    /// Over a last dimension of size `dim`.
+    pub fn new(path: &Path, dim: usize, eps: f64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: path.param("weight", [dim], Init::Ones)?,
+            bias: path.param("bias", [dim], Init::Zeros)?,
+            eps,
+            dim,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.dims().last() != Some(&self.dim) {
+            return Err(shape_error(format!("LayerNorm({})", self.dim), format!("got shape {}", x.shape())));
+        }
+        let attrs = Attrs::new().with("normalized_dims", 1i64).with("eps", self.eps);
+        Tensor::apply1("layer_norm", &[x, &self.weight.get(), &self.bias.get()], attrs)
+    }
+}
+
+/// RMS normalisation over the last dimension.
+pub struct RmsNorm {
+    /// Scale.
+    pub weight: Parameter,
+    eps: f64,
+    dim: usize,
+}
+
+impl RmsNorm {
+    /// Over a last dimension of size `dim`.
+    pub fn new(path: &Path, dim: usize, eps: f64) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: path.param("weight", [dim], Init::Ones)?,
+            eps,
+            dim,
+        })
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.dims().last() != Some(&self.dim) {
+            return Err(shape_error(format!("RmsNorm({})", self.dim), format!("got shape {}", x.shape())));
+        }
+        let attrs = Attrs::new().with("normalized_dims", 1i64).with("eps", self.eps);
+        Tensor::apply1("rms_norm", &[x, &self.weight.get()], attrs)
+    }
+}
+
+/// 2-D convolution over NCHW inputs.
+pub struct Conv2d {
+    /// `[out, in / groups, kh, kw]`.
+    pub weight: Parameter,
+    /// `[out]`, if any.
+    pub bias: Option<Parameter>,
+    stride: usize,
+    padding: usize,
+    in_channels: usize,
+    groups: usize,
+}
+
+impl Conv2d {
+    /// A square-kernel convolution.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(path: &Path, in_channels: usize, out_channels: usize, kernel: usize, stride: usize, padding: usize, groups: usize, bias: bool) -> Result<Conv2d> {
+        if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
+            return Err(shape_error("Conv2d".into(), format!("{in_channels} -> {out_channels} channels do not split into {groups} groups")));
+        }
+        let fan_in = (in_channels / groups * kernel * kernel) as f64;
+        let bound = 1.0 / fan_in.sqrt();
+        Ok(Conv2d {
+            weight: path.param("weight", [out_channels, in_channels / groups, kernel, kernel], Init::Uniform(bound))?,
+            bias: if bias { Some(path.param("bias", [out_channels], Init::Uniform(bound))?) } else { None },
+            stride,
+            padding,
+            in_channels,
+            groups,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() != 4 || x.dims()[1] != self.in_channels {
+            return Err(shape_error(format!("Conv2d(in={})", self.in_channels), format!("expects NCHW with C={}, got shape {}", self.in_channels, x.shape())));
+        }
+        let attrs = Attrs::new()
+            .with("stride", vec![self.stride as i64; 2])
+            .with("padding", vec![self.padding as i64; 2])
+            .with("dilation", vec![1i64; 2])
+            .with("groups", self.groups as i64);
+        match &self.bias {
+            Some(b) => Tensor::apply1("conv2d", &[x, &self.weight.get(), &b.get()], attrs),
+            None => Tensor::apply1("conv2d", &[x, &self.weight.get()], attrs),
+        }
+    }
+}
+
+/// Zeroes elements with probability `p` in training mode (scaling the rest
+/// by `1 / (1 - p)`); the identity in evaluation mode.
+pub struct Dropout {
+    p: f64,
+    store: ParamStore,
+    calls: AtomicU64,
+}
+
+impl Dropout {
+    /// Dropout with probability `p`, following `store`'s training mode.
+    pub fn new(store: &ParamStore, p: f64) -> Dropout {
+        Dropout {
+            p,
+            store: store.clone(),
+            calls: AtomicU64::new(store.next_seed()),
+        }
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.store.is_training() || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        // A fresh key per call; a tensor, so new keys never recompile.
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let key = Tensor::from_slice(&[(n >> 32) as u32, n as u32], [2], x.device())?;
+        Tensor::apply1("dropout", &[x, &key], Attrs::new().with("p", self.p))
+    }
+}
+

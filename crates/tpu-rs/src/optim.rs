@@ -1,0 +1,200 @@
+//! Optimizers (SGD with momentum and weight decay, AdamW), a cosine
+//! learning-rate schedule with warmup, and gradient-norm clipping. Every
+//! step-dependent number (learning rate, bias corrections) enters as a
+//! rank-0 tensor, so a changing schedule never recompiles a fused step.
+
+use crate::autograd::no_grad;
+use crate::error::Result;
+use crate::nn::Parameter;
+use crate::tensor::Tensor;
+
+/// Something that updates parameters from their gradients.
+pub trait Optimizer {
+    /// Applies one update from the accumulated gradients.
+    fn step(&mut self) -> Result<()>;
+    /// Forgets every parameter's gradient.
+    fn zero_grad(&self);
+    /// Sets the learning rate for later steps.
+    fn set_lr(&mut self, lr: f64);
+}
+
+fn scalar_for(p: &Tensor, value: f64) -> Result<Tensor> {
+    Tensor::scalar(value, p.dtype(), p.device())
+}
+
+fn clear(params: &[Parameter]) {
+    for p in params {
+        p.get().zero_grad();
+    }
+}
+
+/// Stochastic gradient descent.
+pub struct Sgd {
+    params: Vec<Parameter>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0 for none).
+    pub momentum: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    velocity: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// SGD over `params`.
+    pub fn new(params: Vec<Parameter>, lr: f64, momentum: f64, weight_decay: f64) -> Sgd {
+        let velocity = vec![None; params.len()];
+        Sgd { params, lr, momentum, weight_decay, velocity }
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        no_grad(|| {
+            for (p, v) in self.params.iter().zip(&mut self.velocity) {
+                let value = p.get();
+                let Some(mut g) = value.grad() else { continue };
+                if self.weight_decay != 0.0 {
+                    g = (&g + &(&value * &scalar_for(&value, self.weight_decay)?)?)?;
+                }
+                if self.momentum != 0.0 {
+                    let next = match v.take() {
+                        Some(prev) => (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?,
+                        None => g,
+                    };
+                    *v = Some(next.clone());
+                    g = next;
+                }
+                p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
+            }
+            Ok(())
+        })
+    }
+
+    fn zero_grad(&self) {
+        clear(&self.params);
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Adam with decoupled weight decay.
+pub struct AdamW {
+    params: Vec<Parameter>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay rates of the first and second moments.
+    pub betas: (f64, f64),
+    /// Denominator guard.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    moments: Vec<Option<(Tensor, Tensor)>>,
+    steps: u32,
+}
+
+impl AdamW {
+    /// AdamW over `params` with PyTorch's defaults for betas and eps.
+    pub fn new(params: Vec<Parameter>, lr: f64, weight_decay: f64) -> AdamW {
+        let moments = vec![None; params.len()];
+        AdamW { params, lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay, moments, steps: 0 }
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self) -> Result<()> {
+        self.steps += 1;
+        let (b1, b2) = self.betas;
+        let t = f64::from(self.steps);
+        let (c1, c2) = (1.0 - b1.powf(t), 1.0 - b2.powf(t));
+        no_grad(|| {
+            for (p, state) in self.params.iter().zip(&mut self.moments) {
+                let value = p.get();
+                let Some(g) = value.grad() else { continue };
+                let s = |x: f64| scalar_for(&value, x);
+                let (m, v) = match state.take() {
+                    Some((m, v)) => (
+                        (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
+                        (&(&v * &s(b2)?)? + &(&(&g * &g)? * &s(1.0 - b2)?)?)?,
+                    ),
+                    None => ((&g * &s(1.0 - b1)?)?, (&(&g * &g)? * &s(1.0 - b2)?)?),
+                };
+                let m_hat = (&m / &s(c1)?)?;
+                let v_hat = (&v / &s(c2)?)?;
+                let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
+                let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
+                p.set(&(&value - &(&update * &s(self.lr)?)?)?);
+                *state = Some((m, v));
+            }
+            Ok(())
+        })
+    }
+
+    fn zero_grad(&self) {
+        clear(&self.params);
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+/// Linear warmup to `base_lr`, then cosine decay to `min_lr` at `total_steps`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CosineSchedule {
+    /// Peak learning rate.
+    pub base_lr: f64,
+    /// Final learning rate.
+    pub min_lr: f64,
+    /// Steps of linear warmup.
+    pub warmup_steps: usize,
+    /// Total steps.
+    pub total_steps: usize,
+}
+
+impl CosineSchedule {
+    /// The learning rate at `step` (0-based).
+    pub fn lr(&self, step: usize) -> f64 {
+        if step < self.warmup_steps {
+            return self.base_lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
+        let progress = ((step - self.warmup_steps) as f64 / span as f64).min(1.0);
+        self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+    }
+}
+
+/// Scales every gradient so their joint L2 norm is at most `max_norm`;
+/// returns the norm before clipping (computed on the device, no host read).
+pub fn clip_grad_norm(params: &[Parameter], max_norm: f64) -> Result<Option<Tensor>> {
+    no_grad(|| {
+        let pairs: Vec<(Tensor, Tensor)> = params
+            .iter()
+            .map(Parameter::get)
+            .filter_map(|p| p.grad().map(|g| (p, g)))
+            .collect();
+        let mut total: Option<Tensor> = None;
+        for (_, g) in &pairs {
+            let g = g.to_dtype(tpu_core::DType::F32)?;
+            let sq = (&g * &g)?.sum_all()?;
+            total = Some(match total {
+                Some(t) => (&t + &sq)?,
+                None => sq,
+            });
+        }
+        let Some(total) = total else { return Ok(None) };
+        let norm = total.sqrt()?;
+        let device = norm.device();
+        let max = Tensor::scalar(max_norm, tpu_core::DType::F32, device)?;
+        let guard = Tensor::scalar(1e-6, tpu_core::DType::F32, device)?;
+        let one = Tensor::scalar(1.0, tpu_core::DType::F32, device)?;
+        let scale = (&max / &(&norm + &guard)?)?.minimum(&one)?;
+        for (p, g) in &pairs {
+            let s = scale.to_dtype(g.dtype())?;
+            p.set_grad((g * &s)?);
+        }
+        Ok(Some(norm))
+    })
+}

@@ -1,0 +1,140 @@
+//! The GPT model on `tpu` against the same model on `cpu`, against PyTorch,
+//! and training under each eager mode; checkpoints round-trip.
+
+use tpu_rs::checkpoint;
+use tpu_rs::models::{Gpt, GptConfig};
+use tpu_rs::nn::ParamStore;
+use tpu_rs::optim::{AdamW, Optimizer};
+use tpu_rs::prelude::*;
+use tpu_rs::{Error, Result};
+
+const CONFIG: GptConfig = GptConfig {
+    vocab_size: 64,
+    block_size: 16,
+    n_layer: 2,
+    n_head: 4,
+    n_embd: 32,
+};
+
+fn tokens(device: Device) -> Result<(Tensor, Tensor)> {
+    let x: Vec<i64> = (0..2 * 16).map(|i| (i * 7 + 3) % 64).collect();
+    let y: Vec<i64> = (0..2 * 16).map(|i| (i * 7 + 10) % 64).collect();
+    Ok((Tensor::from_vec(x, [2, 16], device)?, Tensor::from_vec(y, [2, 16], device)?))
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tpu-rs-{name}-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn gpt_on_tpu_matches_gpt_on_cpu() -> Result<()> {
+    let cpu_store = ParamStore::new(Device::Cpu, DType::F32, 7);
+    let cpu = Gpt::new(&cpu_store, CONFIG)?;
+    let tpu_store = ParamStore::new(Device::Tpu(0), DType::F32, 7);
+    let tpu = Gpt::new(&tpu_store, CONFIG)?;
+    let (x, _) = tokens(Device::Cpu)?;
+    let want = cpu.forward(&x)?.to_f64_vec()?;
+    let got = tpu.forward(&x.to_device(Device::Tpu(0))?)?.to_f64_vec()?;
+    assert_eq!(want.len(), 2 * 16 * 64);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+    }
+    Ok(())
+}
+
+#[test]
+fn training_reduces_the_loss_under_every_eager_mode() -> Result<()> {
+    for mode in [EagerMode::Strict, EagerMode::Debug, EagerMode::DeferAndFuse] {
+        with_eager_mode(mode, || -> Result<()> {
+            let store = ParamStore::new(Device::Tpu(0), DType::F32, 3);
+            let model = Gpt::new(&store, CONFIG)?;
+            let mut opt = AdamW::new(store.parameters(), 3e-3, 0.0);
+            let (x, y) = tokens(Device::Tpu(0))?;
+            let mut losses = Vec::new();
+            for _ in 0..25 {
+                let loss = model.loss(&x, &y)?;
+                loss.backward()?;
+                opt.step()?;
+                opt.zero_grad();
+                losses.push(loss.item()?);
+            }
+            assert!(losses[24] < 0.7 * losses[0], "{mode}: {losses:?}");
+            Ok(())
+        })??;
+    }
+    Ok(())
+}
+
+#[test]
+fn checkpoints_round_trip_and_mismatches_are_named() -> Result<()> {
+    let dir = temp_dir("ckpt");
+    let path = dir.join("gpt.safetensors");
+    let a = ParamStore::new(Device::Tpu(0), DType::F32, 1);
+    let model_a = Gpt::new(&a, CONFIG)?;
+    checkpoint::save(&a, &path)?;
+    let b = ParamStore::new(Device::Tpu(0), DType::F32, 2);
+    let model_b = Gpt::new(&b, CONFIG)?;
+    checkpoint::load(&b, &path)?;
+    let (x, _) = tokens(Device::Tpu(0))?;
+    assert_eq!(model_a.forward(&x)?.to_vec::<f32>()?, model_b.forward(&x)?.to_vec::<f32>()?);
+
+    let smaller = ParamStore::new(Device::Tpu(0), DType::F32, 2);
+    let _ = Gpt::new(&smaller, GptConfig { n_layer: 1, n_embd: 16, ..CONFIG })?;
+    match checkpoint::load(&smaller, &path) {
+        Err(Error::Checkpoint { unexpected, mismatched, .. }) => {
+            assert!(unexpected.contains("transformer.h.1.attn.c_attn.weight"), "{unexpected}");
+            assert!(mismatched.contains("transformer.wte.weight: [64, 32] vs [64, 16]"), "{mismatched}");
+        }
+        other => panic!("expected a checkpoint error, got {other:?}"),
+    }
+    Ok(())
+}
+
+fn python() -> Option<String> {
+    let candidates = [
+        std::env::var("TPU_RS_TORCH_PYTHON").ok(),
+        Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").to_string()),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import torch, safetensors"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+#[test]
+fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
+    let Some(python) = python() else {
+        if std::env::var_os("TPU_RS_REQUIRE_TORCH").is_some() {
+            panic!("TPU_RS_REQUIRE_TORCH is set but no Python with torch and safetensors was found");
+        }
+        eprintln!("skipped: no Python with torch and safetensors (set TPU_RS_TORCH_PYTHON)");
+        return Ok(());
+    };
+    let dir = temp_dir("torch");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/torch_gpt.py");
+    let c = CONFIG;
+    let status = std::process::Command::new(&python)
+        .arg(script)
+        .arg(&dir)
+        .args([c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd].map(|v| v.to_string()))
+        .status()
+        .expect("python runs");
+    assert!(status.success(), "the PyTorch fixture failed");
+    let store = ParamStore::new(Device::Tpu(0), DType::F32, 9);
+    let model = Gpt::new(&store, CONFIG)?;
+    checkpoint::load(&store, dir.join("gpt.safetensors"))?;
+    let read = |name: &str| std::fs::read(dir.join(name)).expect("fixture output");
+    let tokens: Vec<i64> = read("tokens.i64").chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    let want: Vec<f32> = read("logits.f32").chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let x = Tensor::from_vec(tokens, [2, c.block_size], Device::Tpu(0))?;
+    let got = model.forward(&x)?.to_vec::<f32>()?;
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
+    }
+    Ok(())
+}
