@@ -60,7 +60,9 @@ fn default_corpus() -> Vec<u8> {
     let mut files = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
@@ -112,10 +114,19 @@ fn batch(data: &[u8], rng: &mut Rng, device: Device) -> Result<(Tensor, Tensor)>
         x.extend(data[start..start + t].iter().map(|&b| i64::from(b)));
         y.extend(data[start + 1..start + t + 1].iter().map(|&b| i64::from(b)));
     }
-    Ok((Tensor::from_vec(x, [BATCH, t], device)?, Tensor::from_vec(y, [BATCH, t], device)?))
+    Ok((
+        Tensor::from_vec(x, [BATCH, t], device)?,
+        Tensor::from_vec(y, [BATCH, t], device)?,
+    ))
 }
 
-fn generate(model: &Gpt, prompt: &[u8], n: usize, rng: &mut Rng, device: Device) -> Result<Vec<u8>> {
+fn generate(
+    model: &Gpt,
+    prompt: &[u8],
+    n: usize,
+    rng: &mut Rng,
+    device: Device,
+) -> Result<Vec<u8>> {
     let mut out = prompt.to_vec();
     no_grad(|| {
         for _ in 0..n {
@@ -123,7 +134,9 @@ fn generate(model: &Gpt, prompt: &[u8], n: usize, rng: &mut Rng, device: Device)
             let context: Vec<i64> = out[start..].iter().map(|&b| i64::from(b)).collect();
             let len = context.len();
             let logits = model.forward(&Tensor::from_vec(context, [1, len], device)?)?;
-            let last = logits.slice(1, len as i64 - 1, len as i64, 1)?.reshape(&[-1])?;
+            let last = logits
+                .slice(1, len as i64 - 1, len as i64, 1)?
+                .reshape(&[-1])?;
             let probs = last.scale(1.0 / 0.8)?.softmax(-1)?.to_f64_vec()?;
             let mut r = rng.unit();
             let mut next = probs.len() - 1;
@@ -144,11 +157,17 @@ fn main() -> Result<()> {
     let args = args()?;
     let device = Device::default();
     let data = match &args.corpus {
-        Some(p) => std::fs::read(p).map_err(|e| tpu_rs::Error::Io { path: p.display().to_string(), message: e.to_string() })?,
+        Some(p) => std::fs::read(p).map_err(|e| tpu_rs::Error::Io {
+            path: p.display().to_string(),
+            message: e.to_string(),
+        })?,
         None => default_corpus(),
     };
     if data.len() <= CONFIG.block_size + 1 {
-        return Err(tpu_rs::Error::Io { path: "corpus".into(), message: "needs more text than one block".into() });
+        return Err(tpu_rs::Error::Io {
+            path: "corpus".into(),
+            message: "needs more text than one block".into(),
+        });
     }
     let store = ParamStore::new(device, DType::F32, 1337);
     let model = Gpt::new(&store, CONFIG)?;
@@ -165,7 +184,12 @@ fn main() -> Result<()> {
         BATCH,
         CONFIG.block_size
     );
-    let schedule = CosineSchedule { base_lr: 3e-3, min_lr: 3e-4, warmup_steps: 20, total_steps: args.steps };
+    let schedule = CosineSchedule {
+        base_lr: 3e-3,
+        min_lr: 3e-4,
+        warmup_steps: 20,
+        total_steps: args.steps,
+    };
     let mut opt = AdamW::new(store.parameters(), schedule.base_lr, 0.01);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let started = Instant::now();
@@ -185,8 +209,12 @@ fn main() -> Result<()> {
                 first.get_or_insert(last);
                 let done = step + 1;
                 let bar = "#".repeat(30 * done / args.steps);
-                let tokens = (done * BATCH * CONFIG.block_size) as f64 / started.elapsed().as_secs_f64();
-                print!("\r[{bar:<30}] step {done:>4}/{} loss {last:.3} {tokens:>8.0} tokens/s", args.steps);
+                let tokens =
+                    (done * BATCH * CONFIG.block_size) as f64 / started.elapsed().as_secs_f64();
+                print!(
+                    "\r[{bar:<30}] step {done:>4}/{} loss {last:.3} {tokens:>8.0} tokens/s",
+                    args.steps
+                );
                 let _ = std::io::stdout().flush();
             }
         }

@@ -1,7 +1,7 @@
 //! `cargo xtask`: the project's tasks, each setting up what it needs first.
 //!
 //! - `cargo xtask setup`: system packages and the pinned PJRT plugins.
-//! - `cargo xtask run`:   the main job, a model trained on the `tpu` device.
+//! - `cargo xtask run`:   the main job, a small GPT trained on the `tpu` device.
 //! - `cargo xtask test`:  every test, on two CPU plugins and libtpu, with
 //!   PyTorch (in `.venv`) as the oracle where tests compare against it.
 
@@ -68,7 +68,7 @@ fn setup(plugins: &[&str]) -> Result<(), String> {
 }
 
 fn main_job() -> Result<(), String> {
-    run(cargo().args(["run", "--release", "-p", "tpu-rs", "--example", "mlp"]))
+    run(cargo().args(["run", "--release", "-p", "tpu-rs", "--example", "gpt"]))
 }
 
 /// A virtualenv with the pinned packages (created once, reused after).
@@ -83,7 +83,13 @@ fn python_env() -> Result<(), String> {
     }
     run(Command::new("python3").args(["-m", "venv", VENV]))?;
     run(Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
         .args(PYTHON_PACKAGES))
 }
 
@@ -93,7 +99,9 @@ fn venv_python() -> String {
 
 fn test() -> Result<(), String> {
     // Absolute, but not resolved: the venv's python is a symlink.
-    let python = std::env::current_dir().map_err(|e| e.to_string())?.join(venv_python());
+    let python = std::env::current_dir()
+        .map_err(|e| e.to_string())?
+        .join(venv_python());
     run(cargo()
         .args(["test", "--workspace", "--release"])
         .env("TPU_RS_PLUGIN", "xla-cpu")

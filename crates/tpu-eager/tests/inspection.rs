@@ -7,7 +7,9 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
+use tpu_core::autograd::GradTape;
 use tpu_core::metrics::{CutReason, metrics};
+use tpu_core::op::{Attrs, Var};
 use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy};
 use tpu_core::{Device, Tensor};
 use tpu_eager::{DeferAndFuse, DeferConfig};
@@ -184,16 +186,108 @@ fn donated_inputs_are_reused() {
     });
 }
 
-/// Runs in a child process (see the next test): a fused program through the
-/// runtime's cache, then reports the counters.
+/// A 3-layer MLP: parameters, a batch, and one SGD step (forward, backward,
+/// update), with the learning rate a tensor.
+struct Mlp {
+    params: Vec<Tensor>,
+}
+
+impl Mlp {
+    fn new() -> Mlp {
+        let sizes = [8usize, 16, 16, 4];
+        let mut params = Vec::new();
+        for i in 0..3 {
+            params.push(ramp(
+                &[sizes[i], sizes[i + 1]],
+                0.05 / (1.0 + i as f64),
+                Device::Tpu(0),
+            ));
+            params.push(ramp(&[sizes[i + 1]], 0.01, Device::Tpu(0)));
+        }
+        Mlp { params }
+    }
+
+    /// One training step; returns the loss.
+    fn step(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> f64 {
+        let mut tape = GradTape::new();
+        let p: Vec<Var> = self.params.iter().map(|t| tape.input(t.clone())).collect();
+        let mut h = tape.input(x.clone());
+        for layer in 0..3 {
+            let z = tape
+                .op1("matmul", &[h, p[2 * layer]], Attrs::new())
+                .unwrap();
+            let z = tape
+                .op1("add", &[z, p[2 * layer + 1]], Attrs::new())
+                .unwrap();
+            h = if layer < 2 {
+                tape.op1("relu", &[z], Attrs::new()).unwrap()
+            } else {
+                z
+            };
+        }
+        let target = tape.input(y.clone());
+        let d = tape.op1("sub", &[h, target], Attrs::new()).unwrap();
+        let sq = tape.op1("mul", &[d, d], Attrs::new()).unwrap();
+        let loss = tape.op1("mean", &[sq], Attrs::new()).unwrap();
+        let grads = tape.grad(loss, None, &p).unwrap();
+        let lr = tensor(&[], vec![lr], Device::Tpu(0));
+        for (param, g) in self.params.iter_mut().zip(grads) {
+            let g = g.expect("every parameter gets a gradient");
+            *param = op("sub", &[param, &op("mul", &[&g, &lr])]);
+        }
+        // The end of an optimizer step: the update runs as its own graph.
+        sync().unwrap();
+        values(tape.value(loss))[0]
+    }
+}
+
+fn batch() -> (Tensor, Tensor) {
+    (
+        ramp(&[32, 8], 0.1, Device::Tpu(0)),
+        ramp(&[32, 4], 0.05, Device::Tpu(0)),
+    )
+}
+
+#[test]
+fn an_mlp_training_step_compiles_on_step_one_only() {
+    let _serial = serial();
+    with_policy(DeferAndFuse::new(DeferConfig::default()), || {
+        let (x, y) = batch();
+        let mut model = Mlp::new();
+        let start = metrics().compiles;
+        let mut compiles = Vec::new();
+        let mut losses = Vec::new();
+        for step in 0..8 {
+            // A new learning rate every step: a new value, not a new program.
+            losses.push(model.step(&x, &y, 0.1 / (1.0 + step as f64)));
+            compiles.push(metrics().compiles - start);
+        }
+        assert!(
+            (1..=4).contains(&compiles[0]),
+            "step 1 compiled {} modules",
+            compiles[0]
+        );
+        assert_eq!(
+            compiles[7], compiles[0],
+            "steps 2..8 compiled: {compiles:?}"
+        );
+        assert!(losses[7] < losses[0], "{losses:?}");
+    });
+}
+
+/// Runs in a child process (see the next test): MLP training steps through
+/// the runtime's cache, then reports the counters.
 #[test]
 fn child_runs_a_program_with_the_disk_cache() {
     if std::env::var_os("TPU_RS_CACHE_CHILD").is_none() {
         return;
     }
     with_eager_mode(EagerMode::DeferAndFuse, || {
-        let x = ramp(&[16, 16], 0.1, Device::Tpu(0));
-        let _ = values(&chain(&x, &tensor(&[], vec![0.5], Device::Tpu(0)), 12));
+        let (x, y) = batch();
+        let mut model = Mlp::new();
+        for step in 0..3 {
+            model.step(&x, &y, 0.1 / (1.0 + step as f64));
+        }
     })
     .unwrap();
     let m = metrics();

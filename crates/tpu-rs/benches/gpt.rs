@@ -3,11 +3,11 @@
 
 use std::time::Instant;
 
+use tpu_rs::Result;
 use tpu_rs::models::{Gpt, GptConfig};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
-use tpu_rs::Result;
 
 const CONFIG: GptConfig = GptConfig {
     vocab_size: 256,
@@ -25,8 +25,16 @@ fn tokens_per_second(mode: EagerMode, steps: usize) -> Result<f64> {
         let model = Gpt::new(&store, CONFIG)?;
         let mut opt = AdamW::new(store.parameters(), 1e-3, 0.01);
         let n = BATCH * CONFIG.block_size;
-        let x = Tensor::from_vec((0..n as i64).map(|i| (i * 31 + 7) % 256).collect(), [BATCH, CONFIG.block_size], device)?;
-        let y = Tensor::from_vec((0..n as i64).map(|i| (i * 31 + 38) % 256).collect(), [BATCH, CONFIG.block_size], device)?;
+        let x = Tensor::from_vec(
+            (0..n as i64).map(|i| (i * 31 + 7) % 256).collect(),
+            [BATCH, CONFIG.block_size],
+            device,
+        )?;
+        let y = Tensor::from_vec(
+            (0..n as i64).map(|i| (i * 31 + 38) % 256).collect(),
+            [BATCH, CONFIG.block_size],
+            device,
+        )?;
         let mut step = || -> Result<()> {
             let loss = model.loss(&x, &y)?;
             loss.backward()?;

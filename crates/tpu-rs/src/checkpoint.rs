@@ -66,9 +66,13 @@ pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Res
     let views: Vec<(String, TensorView<'_>)> = buffers
         .iter()
         .map(|(n, b)| {
-            TensorView::new(to_safetensors(b.dtype()), b.shape().dims().to_vec(), b.bytes())
-                .map(|v| (n.clone(), v))
-                .map_err(|e| io(path, e))
+            TensorView::new(
+                to_safetensors(b.dtype()),
+                b.shape().dims().to_vec(),
+                b.bytes(),
+            )
+            .map(|v| (n.clone(), v))
+            .map_err(|e| io(path, e))
         })
         .collect::<Result<_>>()?;
     let bytes = safetensors::serialize(views, None).map_err(|e| io(path, e))?;
@@ -84,7 +88,8 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTenso
         .into_iter()
         .map(|(name, view)| {
             let dtype = from_safetensors(view.dtype(), &name)?;
-            let host = HostBuffer::from_bytes(view.data().to_vec(), dtype, Shape::from(view.shape()))?;
+            let host =
+                HostBuffer::from_bytes(view.data().to_vec(), dtype, Shape::from(view.shape()))?;
             Ok((name, HostTensor::from_buffer(&host)))
         })
         .collect()
@@ -92,7 +97,11 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTenso
 
 /// Saves every parameter of `store` under its name.
 pub fn save(store: &ParamStore, path: impl AsRef<Path>) -> Result<()> {
-    let tensors: Vec<(String, Tensor)> = store.parameters().iter().map(|p| (p.name().to_string(), p.get())).collect();
+    let tensors: Vec<(String, Tensor)> = store
+        .parameters()
+        .iter()
+        .map(|p| (p.name().to_string(), p.get()))
+        .collect();
     save_tensors(&tensors, path)
 }
 
@@ -109,12 +118,21 @@ pub fn load(store: &ParamStore, path: impl AsRef<Path>) -> Result<()> {
         match tensors.get(p.name()) {
             None => missing.push(p.name().to_string()),
             Some(t) if t.shape() != *p.get().shape() => {
-                mismatched.push(format!("{}: {} vs {}", p.name(), t.shape(), p.get().shape()));
+                mismatched.push(format!(
+                    "{}: {} vs {}",
+                    p.name(),
+                    t.shape(),
+                    p.get().shape()
+                ));
             }
             Some(_) => {}
         }
     }
-    let unexpected: Vec<String> = tensors.keys().filter(|k| store.get(k).is_none()).cloned().collect();
+    let unexpected: Vec<String> = tensors
+        .keys()
+        .filter(|k| store.get(k).is_none())
+        .cloned()
+        .collect();
     if !missing.is_empty() || !mismatched.is_empty() || !unexpected.is_empty() {
         return Err(Error::Checkpoint {
             missing: missing.join(", "),

@@ -14,6 +14,7 @@
 
 mod autograd;
 pub mod checkpoint;
+mod display;
 mod error;
 pub mod models;
 pub mod nn;

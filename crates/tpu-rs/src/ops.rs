@@ -296,3 +296,211 @@ impl Neg for &Tensor {
         Tensor::apply1("neg", &[self], Attrs::new())
     }
 }
+
+macro_rules! dim_methods {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "` along `dim`.")]
+        #[track_caller]
+        pub fn $name(&self, dim: i64) -> Result<Tensor> {
+            Tensor::apply1(stringify!($name), &[self], Attrs::new().with("dim", dim))
+        }
+    )*};
+}
+
+macro_rules! reduce_methods {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`", stringify!($name), "` over `dims` (all when empty).")]
+        #[track_caller]
+        pub fn $name(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+            Tensor::apply1(stringify!($name), &[self], reduce_attrs(dims, keepdim))
+        }
+    )*};
+}
+
+impl Tensor {
+    dim_methods!(cumsum, unsqueeze);
+    reduce_methods!(prod, any, all, logsumexp);
+
+    /// Variance over `dims` with Bessel's `correction`.
+    #[track_caller]
+    pub fn var(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+        Tensor::apply1(
+            "var",
+            &[self],
+            reduce_attrs(dims, keepdim).with("correction", correction),
+        )
+    }
+
+    /// Standard deviation over `dims` with Bessel's `correction`.
+    #[track_caller]
+    pub fn std(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+        Tensor::apply1(
+            "std",
+            &[self],
+            reduce_attrs(dims, keepdim).with("correction", correction),
+        )
+    }
+
+    /// Index of the minimum along `dim`.
+    #[track_caller]
+    pub fn argmin(&self, dim: i64, keepdim: bool) -> Result<Tensor> {
+        Tensor::apply1(
+            "argmin",
+            &[self],
+            Attrs::new().with("dim", dim).with("keepdim", keepdim),
+        )
+    }
+
+    /// Removes size-1 dims (`dims` empty: all of them).
+    #[track_caller]
+    pub fn squeeze(&self, dims: &[i64]) -> Result<Tensor> {
+        let attrs = if dims.is_empty() {
+            Attrs::new()
+        } else {
+            Attrs::new().with("dims", dims)
+        };
+        Tensor::apply1("squeeze", &[self], attrs)
+    }
+
+    /// `length` elements from `start` along `dim`.
+    #[track_caller]
+    pub fn narrow(&self, dim: i64, start: i64, length: i64) -> Result<Tensor> {
+        Tensor::apply1(
+            "narrow",
+            &[self],
+            Attrs::new()
+                .with("dim", dim)
+                .with("start", start)
+                .with("length", length),
+        )
+    }
+
+    /// Index `index` of `dim`, removing it.
+    #[track_caller]
+    pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
+        Tensor::apply1(
+            "select",
+            &[self],
+            Attrs::new().with("dim", dim).with("index", index),
+        )
+    }
+
+    /// Stacks along a new `dim`.
+    #[track_caller]
+    pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        Tensor::apply1("stack", tensors, Attrs::new().with("dim", dim))
+    }
+
+    /// Splits along `dim` into pieces of `sizes`.
+    #[track_caller]
+    pub fn split(&self, dim: i64, sizes: &[i64]) -> Result<Vec<Tensor>> {
+        Tensor::apply(
+            "split",
+            &[self],
+            Attrs::new().with("dim", dim).with("sizes", sizes),
+        )
+    }
+
+    /// Splits along `dim` into `chunks` near-equal pieces.
+    #[track_caller]
+    pub fn chunk(&self, chunks: i64, dim: i64) -> Result<Vec<Tensor>> {
+        Tensor::apply(
+            "chunk",
+            &[self],
+            Attrs::new().with("dim", dim).with("chunks", chunks),
+        )
+    }
+
+    /// Constant padding, `pad` as `[lo, hi]` pairs from the last dim.
+    #[track_caller]
+    pub fn pad(&self, pad: &[i64], value: f64) -> Result<Tensor> {
+        Tensor::apply1(
+            "pad",
+            &[self],
+            Attrs::new().with("pad", pad).with("value", value),
+        )
+    }
+
+    /// Reverses along `dims`.
+    #[track_caller]
+    pub fn flip(&self, dims: &[i64]) -> Result<Tensor> {
+        Tensor::apply1("flip", &[self], Attrs::new().with("dims", dims))
+    }
+
+    /// Upper triangle from `diagonal`.
+    #[track_caller]
+    pub fn triu(&self, diagonal: i64) -> Result<Tensor> {
+        Tensor::apply1("triu", &[self], Attrs::new().with("diagonal", diagonal))
+    }
+
+    /// Lower triangle up to `diagonal`.
+    #[track_caller]
+    pub fn tril(&self, diagonal: i64) -> Result<Tensor> {
+        Tensor::apply1("tril", &[self], Attrs::new().with("diagonal", diagonal))
+    }
+
+    /// `torch.gather` along `dim`.
+    #[track_caller]
+    pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        Tensor::apply1("gather", &[self, index], Attrs::new().with("dim", dim))
+    }
+
+    /// Entries of `index` along `dim`.
+    #[track_caller]
+    pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        Tensor::apply1(
+            "index_select",
+            &[self, index],
+            Attrs::new().with("dim", dim),
+        )
+    }
+
+    /// Sorted values and their indices along `dim`.
+    #[track_caller]
+    pub fn sort(&self, dim: i64, descending: bool) -> Result<(Tensor, Tensor)> {
+        let mut out = Tensor::apply(
+            "sort",
+            &[self],
+            Attrs::new().with("dim", dim).with("descending", descending),
+        )?;
+        let indices = out.pop();
+        match (out.pop(), indices) {
+            (Some(v), Some(i)) => Ok((v, i)),
+            _ => Err(crate::Error::Shape {
+                layer: "sort".into(),
+                reason: "expected values and indices".into(),
+            }),
+        }
+    }
+
+    /// The `k` largest (or smallest) values and their indices along `dim`.
+    #[track_caller]
+    pub fn topk(&self, k: i64, dim: i64, largest: bool) -> Result<(Tensor, Tensor)> {
+        let mut out = Tensor::apply(
+            "topk",
+            &[self],
+            Attrs::new()
+                .with("k", k)
+                .with("dim", dim)
+                .with("largest", largest),
+        )?;
+        let indices = out.pop();
+        match (out.pop(), indices) {
+            (Some(v), Some(i)) => Ok((v, i)),
+            _ => Err(crate::Error::Shape {
+                layer: "topk".into(),
+                reason: "expected values and indices".into(),
+            }),
+        }
+    }
+
+    /// One-hot encoding of integer classes.
+    #[track_caller]
+    pub fn one_hot(&self, num_classes: i64) -> Result<Tensor> {
+        Tensor::apply1(
+            "one_hot",
+            &[self],
+            Attrs::new().with("num_classes", num_classes),
+        )
+    }
+}

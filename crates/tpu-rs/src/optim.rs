@@ -22,6 +22,12 @@ fn scalar_for(p: &Tensor, value: f64) -> Result<Tensor> {
     Tensor::scalar(value, p.dtype(), p.device())
 }
 
+/// The end of an optimizer step is a cut point: the update runs as its own
+/// graph under DeferAndFuse, so every training step finds the same graphs.
+fn end_of_step() -> Result<()> {
+    Ok(tpu_core::policy::sync()?)
+}
+
 fn clear(params: &[Parameter]) {
     for p in params {
         p.get().zero_grad();
@@ -44,7 +50,13 @@ impl Sgd {
     /// SGD over `params`.
     pub fn new(params: Vec<Parameter>, lr: f64, momentum: f64, weight_decay: f64) -> Sgd {
         let velocity = vec![None; params.len()];
-        Sgd { params, lr, momentum, weight_decay, velocity }
+        Sgd {
+            params,
+            lr,
+            momentum,
+            weight_decay,
+            velocity,
+        }
     }
 }
 
@@ -67,7 +79,7 @@ impl Optimizer for Sgd {
                 }
                 p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
             }
-            Ok(())
+            end_of_step()
         })
     }
 
@@ -99,7 +111,15 @@ impl AdamW {
     /// AdamW over `params` with PyTorch's defaults for betas and eps.
     pub fn new(params: Vec<Parameter>, lr: f64, weight_decay: f64) -> AdamW {
         let moments = vec![None; params.len()];
-        AdamW { params, lr, betas: (0.9, 0.999), eps: 1e-8, weight_decay, moments, steps: 0 }
+        AdamW {
+            params,
+            lr,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay,
+            moments,
+            steps: 0,
+        }
     }
 }
 
@@ -128,7 +148,7 @@ impl Optimizer for AdamW {
                 p.set(&(&value - &(&update * &s(self.lr)?)?)?);
                 *state = Some((m, v));
             }
-            Ok(())
+            end_of_step()
         })
     }
 
@@ -162,7 +182,8 @@ impl CosineSchedule {
         }
         let span = self.total_steps.saturating_sub(self.warmup_steps).max(1);
         let progress = ((step - self.warmup_steps) as f64 / span as f64).min(1.0);
-        self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+        self.min_lr
+            + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
 

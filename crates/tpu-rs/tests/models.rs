@@ -19,7 +19,10 @@ const CONFIG: GptConfig = GptConfig {
 fn tokens(device: Device) -> Result<(Tensor, Tensor)> {
     let x: Vec<i64> = (0..2 * 16).map(|i| (i * 7 + 3) % 64).collect();
     let y: Vec<i64> = (0..2 * 16).map(|i| (i * 7 + 10) % 64).collect();
-    Ok((Tensor::from_vec(x, [2, 16], device)?, Tensor::from_vec(y, [2, 16], device)?))
+    Ok((
+        Tensor::from_vec(x, [2, 16], device)?,
+        Tensor::from_vec(y, [2, 16], device)?,
+    ))
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -78,14 +81,34 @@ fn checkpoints_round_trip_and_mismatches_are_named() -> Result<()> {
     let model_b = Gpt::new(&b, CONFIG)?;
     checkpoint::load(&b, &path)?;
     let (x, _) = tokens(Device::Tpu(0))?;
-    assert_eq!(model_a.forward(&x)?.to_vec::<f32>()?, model_b.forward(&x)?.to_vec::<f32>()?);
+    assert_eq!(
+        model_a.forward(&x)?.to_vec::<f32>()?,
+        model_b.forward(&x)?.to_vec::<f32>()?
+    );
 
     let smaller = ParamStore::new(Device::Tpu(0), DType::F32, 2);
-    let _ = Gpt::new(&smaller, GptConfig { n_layer: 1, n_embd: 16, ..CONFIG })?;
+    let _ = Gpt::new(
+        &smaller,
+        GptConfig {
+            n_layer: 1,
+            n_embd: 16,
+            ..CONFIG
+        },
+    )?;
     match checkpoint::load(&smaller, &path) {
-        Err(Error::Checkpoint { unexpected, mismatched, .. }) => {
-            assert!(unexpected.contains("transformer.h.1.attn.c_attn.weight"), "{unexpected}");
-            assert!(mismatched.contains("transformer.wte.weight: [64, 32] vs [64, 16]"), "{mismatched}");
+        Err(Error::Checkpoint {
+            unexpected,
+            mismatched,
+            ..
+        }) => {
+            assert!(
+                unexpected.contains("transformer.h.1.attn.c_attn.weight"),
+                "{unexpected}"
+            );
+            assert!(
+                mismatched.contains("transformer.wte.weight: [64, 32] vs [64, 16]"),
+                "{mismatched}"
+            );
         }
         other => panic!("expected a checkpoint error, got {other:?}"),
     }
@@ -109,7 +132,9 @@ fn python() -> Option<String> {
 fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
     let Some(python) = python() else {
         if std::env::var_os("TPU_RS_REQUIRE_TORCH").is_some() {
-            panic!("TPU_RS_REQUIRE_TORCH is set but no Python with torch and safetensors was found");
+            panic!(
+                "TPU_RS_REQUIRE_TORCH is set but no Python with torch and safetensors was found"
+            );
         }
         eprintln!("skipped: no Python with torch and safetensors (set TPU_RS_TORCH_PYTHON)");
         return Ok(());
@@ -128,8 +153,14 @@ fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
     let model = Gpt::new(&store, CONFIG)?;
     checkpoint::load(&store, dir.join("gpt.safetensors"))?;
     let read = |name: &str| std::fs::read(dir.join(name)).expect("fixture output");
-    let tokens: Vec<i64> = read("tokens.i64").chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
-    let want: Vec<f32> = read("logits.f32").chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let tokens: Vec<i64> = read("tokens.i64")
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want: Vec<f32> = read("logits.f32")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     let x = Tensor::from_vec(tokens, [2, c.block_size], Device::Tpu(0))?;
     let got = model.forward(&x)?.to_vec::<f32>()?;
     assert_eq!(got.len(), want.len());

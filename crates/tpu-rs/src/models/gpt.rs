@@ -66,7 +66,12 @@ impl Gpt {
                 .map(|i| Block::new(&t.sub("h").sub(i), &config))
                 .collect::<Result<_>>()?,
             ln_f: LayerNorm::new(&t.sub("ln_f"), config.n_embd, 1e-5)?,
-            lm_head: Linear::new(&store.root().sub("lm_head"), config.n_embd, config.vocab_size, false)?,
+            lm_head: Linear::new(
+                &store.root().sub("lm_head"),
+                config.n_embd,
+                config.vocab_size,
+                false,
+            )?,
         })
     }
 
@@ -87,7 +92,10 @@ impl Gpt {
         if t == 0 || t > self.config.block_size {
             return Err(Error::Shape {
                 layer: "Gpt".into(),
-                reason: format!("sequence length {t} is outside 1..={}", self.config.block_size),
+                reason: format!(
+                    "sequence length {t} is outside 1..={}",
+                    self.config.block_size
+                ),
             });
         }
         let positions: Vec<i64> = (0..t as i64).collect();

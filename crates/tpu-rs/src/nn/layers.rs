@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tpu_core::op::Attrs;
 
-use super::params::{Init, Parameter, ParamStore, Path};
+use super::params::{Init, ParamStore, Parameter, Path};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -35,7 +35,11 @@ impl Linear {
         let bound = 1.0 / (in_features as f64).sqrt();
         Ok(Linear {
             weight: path.param("weight", [out_features, in_features], Init::Uniform(bound))?,
-            bias: if bias { Some(path.param("bias", [out_features], Init::Uniform(bound))?) } else { None },
+            bias: if bias {
+                Some(path.param("bias", [out_features], Init::Uniform(bound))?)
+            } else {
+                None
+            },
             in_features,
             out_features,
         })
@@ -47,7 +51,11 @@ impl Module for Linear {
         if x.dims().last() != Some(&self.in_features) {
             return Err(shape_error(
                 format!("Linear(in={}, out={})", self.in_features, self.out_features),
-                format!("expects inputs with last dimension {}, got shape {}", self.in_features, x.shape()),
+                format!(
+                    "expects inputs with last dimension {}, got shape {}",
+                    self.in_features,
+                    x.shape()
+                ),
             ));
         }
         let w = self.weight.get().transpose(0, 1)?;
@@ -87,7 +95,10 @@ impl Embedding {
 impl Module for Embedding {
     fn forward(&self, indices: &Tensor) -> Result<Tensor> {
         if indices.dtype().is_float() {
-            return Err(shape_error(format!("Embedding({})", self.num), format!("indices must be integers, got {}", indices.dtype())));
+            return Err(shape_error(
+                format!("Embedding({})", self.num),
+                format!("indices must be integers, got {}", indices.dtype()),
+            ));
         }
         self.weight.get().embedding(indices)
     }
@@ -118,10 +129,19 @@ impl LayerNorm {
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dims().last() != Some(&self.dim) {
-            return Err(shape_error(format!("LayerNorm({})", self.dim), format!("got shape {}", x.shape())));
+            return Err(shape_error(
+                format!("LayerNorm({})", self.dim),
+                format!("got shape {}", x.shape()),
+            ));
         }
-        let attrs = Attrs::new().with("normalized_dims", 1i64).with("eps", self.eps);
-        Tensor::apply1("layer_norm", &[x, &self.weight.get(), &self.bias.get()], attrs)
+        let attrs = Attrs::new()
+            .with("normalized_dims", 1i64)
+            .with("eps", self.eps);
+        Tensor::apply1(
+            "layer_norm",
+            &[x, &self.weight.get(), &self.bias.get()],
+            attrs,
+        )
     }
 }
 
@@ -147,9 +167,14 @@ impl RmsNorm {
 impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dims().last() != Some(&self.dim) {
-            return Err(shape_error(format!("RmsNorm({})", self.dim), format!("got shape {}", x.shape())));
+            return Err(shape_error(
+                format!("RmsNorm({})", self.dim),
+                format!("got shape {}", x.shape()),
+            ));
         }
-        let attrs = Attrs::new().with("normalized_dims", 1i64).with("eps", self.eps);
+        let attrs = Attrs::new()
+            .with("normalized_dims", 1i64)
+            .with("eps", self.eps);
         Tensor::apply1("rms_norm", &[x, &self.weight.get()], attrs)
     }
 }
@@ -169,15 +194,37 @@ pub struct Conv2d {
 impl Conv2d {
     /// A square-kernel convolution.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(path: &Path, in_channels: usize, out_channels: usize, kernel: usize, stride: usize, padding: usize, groups: usize, bias: bool) -> Result<Conv2d> {
+    pub fn new(
+        path: &Path,
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+        groups: usize,
+        bias: bool,
+    ) -> Result<Conv2d> {
         if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
-            return Err(shape_error("Conv2d".into(), format!("{in_channels} -> {out_channels} channels do not split into {groups} groups")));
+            return Err(shape_error(
+                "Conv2d".into(),
+                format!(
+                    "{in_channels} -> {out_channels} channels do not split into {groups} groups"
+                ),
+            ));
         }
         let fan_in = (in_channels / groups * kernel * kernel) as f64;
         let bound = 1.0 / fan_in.sqrt();
         Ok(Conv2d {
-            weight: path.param("weight", [out_channels, in_channels / groups, kernel, kernel], Init::Uniform(bound))?,
-            bias: if bias { Some(path.param("bias", [out_channels], Init::Uniform(bound))?) } else { None },
+            weight: path.param(
+                "weight",
+                [out_channels, in_channels / groups, kernel, kernel],
+                Init::Uniform(bound),
+            )?,
+            bias: if bias {
+                Some(path.param("bias", [out_channels], Init::Uniform(bound))?)
+            } else {
+                None
+            },
             stride,
             padding,
             in_channels,
@@ -189,7 +236,14 @@ impl Conv2d {
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 4 || x.dims()[1] != self.in_channels {
-            return Err(shape_error(format!("Conv2d(in={})", self.in_channels), format!("expects NCHW with C={}, got shape {}", self.in_channels, x.shape())));
+            return Err(shape_error(
+                format!("Conv2d(in={})", self.in_channels),
+                format!(
+                    "expects NCHW with C={}, got shape {}",
+                    self.in_channels,
+                    x.shape()
+                ),
+            ));
         }
         let attrs = Attrs::new()
             .with("stride", vec![self.stride as i64; 2])
@@ -233,4 +287,3 @@ impl Module for Dropout {
         Tensor::apply1("dropout", &[x, &key], Attrs::new().with("p", self.p))
     }
 }
-

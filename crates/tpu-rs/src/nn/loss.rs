@@ -18,7 +18,14 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 }
 
 /// Cross entropy with label smoothing and an ignored class index.
-pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, ignore_index: i64, label_smoothing: f64) -> Result<Tensor> {
-    let attrs = Attrs::new().with("ignore_index", ignore_index).with("label_smoothing", label_smoothing);
+pub fn cross_entropy_with(
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore_index: i64,
+    label_smoothing: f64,
+) -> Result<Tensor> {
+    let attrs = Attrs::new()
+        .with("ignore_index", ignore_index)
+        .with("label_smoothing", label_smoothing);
     Tensor::apply1("cross_entropy", &[logits, targets], attrs)
 }

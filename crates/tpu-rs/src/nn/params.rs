@@ -31,7 +31,8 @@ impl Parameter {
 
     /// Replaces the value; the new value becomes a gradient-collecting leaf.
     pub fn set(&self, value: &Tensor) {
-        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = value.detach().with_requires_grad(true);
+        *self.value.lock().unwrap_or_else(|e| e.into_inner()) =
+            value.detach().with_requires_grad(true);
     }
 }
 
@@ -122,7 +123,9 @@ impl ParamStore {
 
     /// A fresh 64-bit seed (for initialisers and dropout keys).
     pub(crate) fn next_seed(&self) -> u64 {
-        self.inner.seed.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        self.inner
+            .seed
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Parameter>> {
@@ -154,7 +157,11 @@ impl Path {
 
     /// A child path: `prefix.name`.
     pub fn sub(&self, name: impl std::fmt::Display) -> Path {
-        let prefix = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };
+        let prefix = if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        };
         Path {
             store: self.store.clone(),
             prefix,
@@ -163,7 +170,11 @@ impl Path {
 
     /// The full name of `name` under this path.
     pub fn name(&self, name: &str) -> String {
-        if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) }
+        if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
     }
 
     /// Creates parameter `name` of `shape`, initialised by `init`.
@@ -182,8 +193,13 @@ impl Path {
                 })
                 .collect(),
         };
-        let host = tpu_core::HostTensor::from_f64(self.store.dtype(), shape, values)
-            .ok_or_else(|| crate::Error::Shape { layer: name.into(), reason: "bad parameter shape".into() })?;
+        let host =
+            tpu_core::HostTensor::from_f64(self.store.dtype(), shape, values).ok_or_else(|| {
+                crate::Error::Shape {
+                    layer: name.into(),
+                    reason: "bad parameter shape".into(),
+                }
+            })?;
         let t = Tensor::from_host(host, self.store.device())?;
         Ok(self.store.insert(self.name(name), t))
     }

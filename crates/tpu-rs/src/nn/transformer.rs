@@ -60,7 +60,11 @@ impl Module for CausalSelfAttention {
                 .permute(&[0, 2, 1, 3])
         };
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let y = Tensor::apply1("scaled_dot_product_attention", &[&q, &k, &v], Attrs::new().with("causal", true))?;
+        let y = Tensor::apply1(
+            "scaled_dot_product_attention",
+            &[&q, &k, &v],
+            Attrs::new().with("causal", true),
+        )?;
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
         self.c_proj.forward(&y)
     }

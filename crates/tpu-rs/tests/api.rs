@@ -1,0 +1,81 @@
+//! The tensor API: construction, interop, printing and layer misuse.
+
+use ndarray::ArrayD;
+use tpu_rs::nn::{Linear, Module, ParamStore};
+use tpu_rs::prelude::*;
+use tpu_rs::{Error, Result};
+
+#[test]
+fn ndarray_and_slices_round_trip_on_every_device() -> Result<()> {
+    for device in [Device::Cpu, Device::Tpu(0)] {
+        let a = ArrayD::from_shape_vec(vec![2, 3], vec![1i32, 2, 3, 4, 5, 6]).unwrap();
+        let t = Tensor::from_ndarray(&a, device)?;
+        assert_eq!(t.to_ndarray::<i32>()?, a);
+        let h = Tensor::from_slice(&[half::bf16::from_f32(1.5)], [1], device)?;
+        assert_eq!(h.dtype(), DType::BF16);
+        assert!(t.to_vec::<f32>().is_err(), "typed reads check the dtype");
+    }
+    Ok(())
+}
+
+#[test]
+fn printing_looks_like_pytorch() -> Result<()> {
+    let t = Tensor::from_slice(&[1.0f32, 2.5, -3.0, 4.0], [2, 2], Device::Tpu(0))?;
+    assert_eq!(
+        t.to_string(),
+        "tensor([[1.0000, 2.5000],\n        [-3.0000, 4.0000]], device='tpu:0')"
+    );
+    let i = Tensor::from_slice(&[1i64, 2, 3], [3], Device::Cpu)?;
+    assert_eq!(i.to_string(), "tensor([1, 2, 3])");
+    let big = Tensor::zeros([2000], DType::F16, Device::Cpu)?;
+    assert_eq!(
+        big.to_string(),
+        "tensor([0.0000, 0.0000, 0.0000, ..., 0.0000, 0.0000, 0.0000], dtype=f16)"
+    );
+    Ok(())
+}
+
+#[test]
+fn methods_agree_across_devices() -> Result<()> {
+    let x = Tensor::from_slice(&[3.0f32, 1.0, 2.0, -1.0, 5.0, 0.5], [2, 3], Device::Cpu)?;
+    let xt = x.to_device(Device::Tpu(0))?;
+    let run = |x: &Tensor| -> Result<Vec<Vec<f64>>> {
+        let (values, indices) = x.sort(-1, true)?;
+        Ok(vec![
+            values.to_f64_vec()?,
+            indices.to_f64_vec()?,
+            x.softmax(-1)?.to_f64_vec()?,
+            x.transpose(0, 1)?.matmul(x)?.to_f64_vec()?,
+            x.var(&[1], 1, false)?.to_f64_vec()?,
+            x.cumsum(1)?.to_f64_vec()?,
+        ])
+    };
+    let (a, b) = (run(&x)?, run(&xt)?);
+    for (u, v) in a.iter().zip(&b) {
+        for (p, q) in u.iter().zip(v) {
+            assert!((p - q).abs() < 1e-5 * (1.0 + q.abs()), "{u:?} vs {v:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn layers_reject_wrong_shapes_with_their_name() -> Result<()> {
+    let store = ParamStore::new(Device::Tpu(0), DType::F32, 0);
+    let layer = Linear::new(&store.root().sub("fc"), 4, 3, true)?;
+    let x = Tensor::zeros([2, 5], DType::F32, Device::Tpu(0))?;
+    match layer.forward(&x) {
+        Err(Error::Shape { layer, reason }) => {
+            assert_eq!(layer, "Linear(in=4, out=3)");
+            assert!(reason.contains("[2, 5]"), "{reason}");
+        }
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+    assert_eq!(
+        layer
+            .forward(&Tensor::zeros([2, 4], DType::F32, Device::Tpu(0))?)?
+            .dims(),
+        &[2, 3]
+    );
+    Ok(())
+}
