@@ -14,19 +14,26 @@ pub struct HostBuffer {
     bytes: Vec<u8>,
 }
 
+/// An error unless `len` bytes are exactly a dense `dtype` tensor of `shape`.
+pub(crate) fn check_len(len: usize, dtype: DType, shape: &Shape) -> Result<()> {
+    let expected = shape.numel().saturating_mul(dtype.size_in_bytes());
+    if len == expected {
+        Ok(())
+    } else {
+        Err(Error::BufferSize {
+            dtype,
+            shape: shape.clone(),
+            expected,
+            actual: len,
+        })
+    }
+}
+
 impl HostBuffer {
     /// Wraps raw bytes, checking their length against dtype and shape.
     pub fn from_bytes(bytes: Vec<u8>, dtype: DType, shape: impl Into<Shape>) -> Result<HostBuffer> {
         let shape = shape.into();
-        let expected = shape.numel().saturating_mul(dtype.size_in_bytes());
-        if bytes.len() != expected {
-            return Err(Error::BufferSize {
-                dtype,
-                shape,
-                expected,
-                actual: bytes.len(),
-            });
-        }
+        check_len(bytes.len(), dtype, &shape)?;
         Ok(HostBuffer {
             dtype,
             shape,

@@ -133,14 +133,7 @@ impl Buffer {
     /// Copies the contents into `dst`, which must be exactly
     /// [`Buffer::size_in_bytes`] long.
     pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
-        if dst.len() != self.size_in_bytes() {
-            return Err(Error::BufferSize {
-                dtype: self.dtype,
-                shape: self.shape.clone(),
-                expected: self.size_in_bytes(),
-                actual: dst.len(),
-            });
-        }
+        crate::host::check_len(dst.len(), self.dtype, &self.shape)?;
         if dst.is_empty() {
             return Ok(());
         }

@@ -234,15 +234,7 @@ impl Client {
         device: usize,
     ) -> Result<Buffer> {
         let shape = shape.into();
-        let expected = shape.numel().saturating_mul(dtype.size_in_bytes());
-        if bytes.len() != expected {
-            return Err(Error::BufferSize {
-                dtype,
-                shape,
-                expected,
-                actual: bytes.len(),
-            });
-        }
+        crate::host::check_len(bytes.len(), dtype, &shape)?;
         let raw_device = self.inner.device(device)?;
         let dims = shape.dims_i64();
         let mut args = Padded::<sys::PJRT_Client_BufferFromHostBuffer_Args>::new();
