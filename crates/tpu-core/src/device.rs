@@ -18,6 +18,11 @@ impl Device {
         Device::Tpu(index)
     }
 
+    /// The host reference device.
+    pub fn cpu() -> Device {
+        Device::Cpu
+    }
+
     /// True for PJRT devices.
     pub fn is_tpu(self) -> bool {
         matches!(self, Device::Tpu(_))

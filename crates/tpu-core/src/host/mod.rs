@@ -6,7 +6,7 @@ mod buffer;
 mod compare;
 mod tensor;
 
-pub(crate) use buffer::check_len;
 pub use buffer::HostBuffer;
+pub(crate) use buffer::check_len;
 pub use compare::{Tolerance, assert_close};
 pub use tensor::{HostData, HostTensor};
