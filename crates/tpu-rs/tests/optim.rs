@@ -75,7 +75,7 @@ fn adamw_follows_its_rule() -> Result<()> {
 fn clipping_scales_gradients_to_the_max_norm() -> Result<()> {
     let (_store, p) = param(&[1.0, 1.0], Device::tpu(0))?;
     set_grad(&p, &[3.0, 4.0])?;
-    let norm = clip_grad_norm(&[p.clone()], 1.0)?.expect("a gradient");
+    let norm = clip_grad_norm(std::slice::from_ref(&p), 1.0)?.expect("a gradient");
     assert!((norm.item()? - 5.0).abs() < 1e-5);
     close(
         &p.get()
