@@ -18,8 +18,9 @@ const CONFIG: GptConfig = GptConfig {
 };
 const BATCH: usize = 8;
 
-fn tokens_per_second(mode: EagerMode, steps: usize) -> Result<f64> {
-    with_eager_mode(mode, || -> Result<f64> {
+/// Tokens per second and peak device MiB of the measured steps.
+fn tokens_per_second(mode: EagerMode, steps: usize) -> Result<(f64, f64)> {
+    with_eager_mode(mode, || -> Result<(f64, f64)> {
         let device = Device::default();
         let store = ParamStore::new(device, DType::F32, 1);
         let model = Gpt::new(&store, CONFIG)?;
@@ -46,19 +47,25 @@ fn tokens_per_second(mode: EagerMode, steps: usize) -> Result<f64> {
         for _ in 0..3 {
             step()?; // compile
         }
+        let base = tpu_core::metrics::metrics().live_device_bytes;
+        tpu_core::metrics::reset_peak_device_bytes();
         let started = Instant::now();
         for _ in 0..steps {
             step()?;
         }
-        Ok((steps * n) as f64 / started.elapsed().as_secs_f64())
+        let rate = (steps * n) as f64 / started.elapsed().as_secs_f64();
+        let peak = tpu_core::metrics::metrics()
+            .peak_device_bytes
+            .saturating_sub(base);
+        Ok((rate, peak as f64 / (1 << 20) as f64))
     })?
 }
 
 fn main() -> Result<()> {
-    let strict = tokens_per_second(EagerMode::Strict, 10)?;
-    let fused = tokens_per_second(EagerMode::DeferAndFuse, 10)?;
+    let (strict, strict_peak) = tokens_per_second(EagerMode::Strict, 10)?;
+    let (fused, fused_peak) = tokens_per_second(EagerMode::DeferAndFuse, 10)?;
     println!(
-        "GPT {}x{}x{} (L={}, C={}) train step: strict {strict:.0} tokens/s, defer_and_fuse {fused:.0} tokens/s, speed-up {:.2}x",
+        "GPT {}x{}x{} (L={}, C={}) train step: strict {strict:.0} tokens/s, defer_and_fuse {fused:.0} tokens/s, speed-up {:.2}x; peak MiB strict {strict_peak:.2}, defer {fused_peak:.2}",
         BATCH,
         CONFIG.block_size,
         CONFIG.vocab_size,

@@ -5,7 +5,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tpu_core::autograd::GradTape;
 use tpu_core::op::{Attrs, OpDef, Tape, Var, VjpArgs};
@@ -18,10 +18,24 @@ use crate::tensor::Tensor;
 pub(crate) struct Node {
     pub op: &'static OpDef,
     pub attrs: Attrs,
+    pub num_outputs: usize,
+    /// What the backward rule needs; released once the rule has run, as
+    /// PyTorch does, so a deferred graph need not keep activations alive.
+    pub saved: Mutex<Option<Saved>>,
+}
+
+/// The values a node's backward rule reads.
+pub(crate) struct Saved {
     /// The inputs (keeping their graphs alive).
     pub inputs: Vec<Tensor>,
-    /// The output values, as the backward rule needs them.
+    /// The output values.
     pub outputs: Vec<tpu_core::Tensor>,
+}
+
+impl Node {
+    fn saved(&self) -> std::sync::MutexGuard<'_, Option<Saved>> {
+        self.saved.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 thread_local! {
@@ -50,7 +64,7 @@ fn node_key(node: &Arc<Node>) -> usize {
 }
 
 /// Nodes reachable from `root`, inputs before the nodes that use them.
-fn topological(root: &Arc<Node>) -> Vec<Arc<Node>> {
+fn topological(root: &Arc<Node>) -> Result<Vec<Arc<Node>>> {
     let mut order = Vec::new();
     let mut seen = HashSet::new();
     // Iterative post-order: (node, children pushed?)
@@ -64,15 +78,17 @@ fn topological(root: &Arc<Node>) -> Vec<Arc<Node>> {
             continue;
         }
         stack.push((node.clone(), true));
-        for input in &node.inputs {
-            if let Some((child, _)) = input.grad_fn() {
-                if !seen.contains(&node_key(&child)) {
-                    stack.push((child, false));
-                }
+        let saved = node.saved();
+        let saved = saved.as_ref().ok_or(Error::GraphFreed)?;
+        for input in &saved.inputs {
+            if let Some((child, _)) = input.grad_fn()
+                && !seen.contains(&node_key(&child))
+            {
+                stack.push((child, false));
             }
         }
     }
-    order
+    Ok(order)
 }
 
 /// Backpropagates from `root` with incoming gradient `seed`.
@@ -95,28 +111,35 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
         }
         return Err(Error::NoGradient);
     };
-    let order = topological(&root_node);
+    let order = topological(&root_node)?;
     // Gradients per node output.
     let mut pending: HashMap<usize, Vec<Option<tpu_core::Tensor>>> = HashMap::new();
     pending
         .entry(node_key(&root_node))
-        .or_insert_with(|| vec![None; root_node.outputs.len()])[root_output] = Some(seed);
-    let mut tape = GradTape::new();
+        .or_insert_with(|| vec![None; root_node.num_outputs])[root_output] = Some(seed);
     for node in order.iter().rev() {
+        // Taking the saved values frees them once this node is done.
+        let saved = node.saved().take().ok_or(Error::GraphFreed)?;
         let Some(grads) = pending.remove(&node_key(node)) else {
             continue;
         };
         let Some(vjp) = node.op.vjp else {
             continue;
         };
-        let inputs: Vec<Var> = node
+        // A tape per node, so nothing of this step outlives it.
+        let mut tape = GradTape::new();
+        let inputs: Vec<Var> = saved
             .inputs
             .iter()
             .map(|t| tape.input(t.value().clone()))
             .collect();
-        let outputs: Vec<Var> = node.outputs.iter().map(|t| tape.input(t.clone())).collect();
+        let outputs: Vec<Var> = saved
+            .outputs
+            .iter()
+            .map(|t| tape.input(t.clone()))
+            .collect();
         let mut grad_vars = Vec::with_capacity(grads.len());
-        for (g, out) in grads.into_iter().zip(&node.outputs) {
+        for (g, out) in grads.into_iter().zip(&saved.outputs) {
             let g = match g {
                 Some(g) => g,
                 None => Tensor::zeros_of(out)?.value().clone(),
@@ -132,13 +155,13 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
         let input_grads = vjp(&mut tape as &mut dyn Tape, &args).map_err(|reason| {
             tpu_core::Error::InvalidInput {
                 op: node.op.name.to_string(),
-                inputs: node
+                inputs: saved
                     .inputs
                     .iter()
                     .map(|t| t.ty().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                device: node
+                device: saved
                     .inputs
                     .first()
                     .map(|t| t.device().to_string())
@@ -146,7 +169,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
                 reason: format!("backward rule failed: {reason}"),
             }
         })?;
-        for (input, g) in node.inputs.iter().zip(input_grads) {
+        for (input, g) in saved.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
             let g = tape.value(g).clone();
             if !input.requires_grad() {
@@ -156,7 +179,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
                 Some((child, index)) => {
                     let slot = &mut pending
                         .entry(node_key(&child))
-                        .or_insert_with(|| vec![None; child.outputs.len()])[index];
+                        .or_insert_with(|| vec![None; child.num_outputs])[index];
                     *slot = Some(match slot.take() {
                         Some(acc) => add(&acc, &g)?,
                         None => g,

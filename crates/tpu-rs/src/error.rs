@@ -22,6 +22,12 @@ pub enum Error {
     /// requiring gradients.
     #[error("backward() on a tensor that does not require grad")]
     NoGradient,
+    /// `backward()` through ops whose saved values an earlier `backward()`
+    /// already released.
+    #[error(
+        "backward() through a graph that an earlier backward() already freed; run the forward pass again"
+    )]
+    GraphFreed,
     /// A layer or function called with inputs of the wrong shape.
     #[error("{layer}: {reason}")]
     Shape {

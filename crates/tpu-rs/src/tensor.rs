@@ -8,7 +8,7 @@ use tpu_core::op::{Attrs, registry};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Device, Element, HostBuffer, Shape};
 
-use crate::autograd::{self, Node};
+use crate::autograd::{self, Node, Saved};
 use crate::error::{Error, Result};
 
 struct Inner {
@@ -322,8 +322,11 @@ impl Tensor {
         let node = Arc::new(Node {
             op: def,
             attrs,
-            inputs: inputs.iter().map(|t| (*t).clone()).collect(),
-            outputs: outputs.clone(),
+            num_outputs: outputs.len(),
+            saved: Mutex::new(Some(Saved {
+                inputs: inputs.iter().map(|t| (*t).clone()).collect(),
+                outputs: outputs.clone(),
+            })),
         });
         Ok(outputs
             .into_iter()

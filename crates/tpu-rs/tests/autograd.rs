@@ -118,5 +118,9 @@ fn misuse_is_a_typed_error() -> Result<()> {
     assert!(err.to_string().contains("different devices"), "{err}");
     let wrong = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], Device::Tpu(0))?;
     assert!(y.backward_with(&wrong).is_err());
+    // The graph is released by backward, as in PyTorch.
+    let z = (&x * &x)?.sum_all()?;
+    z.backward()?;
+    assert!(matches!(z.backward(), Err(Error::GraphFreed)));
     Ok(())
 }
