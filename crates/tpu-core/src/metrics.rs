@@ -125,7 +125,8 @@ pub(crate) fn record_compile(time: Duration) {
     );
 }
 
-pub(crate) fn record_cache_hit() {
+/// Counts a compilation avoided by a cache (the runtime's, or a policy's own).
+pub fn record_cache_hit() {
     CACHE_HITS.fetch_add(1, Ordering::Relaxed);
 }
 

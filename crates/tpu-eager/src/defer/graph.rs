@@ -136,13 +136,55 @@ impl Graph {
     }
 }
 
-/// A graph lowered to one program.
-pub(crate) struct Lowered {
-    pub program: String,
-    /// Externals in parameter order, and whether each is donated.
-    pub params: Vec<(usize, bool)>,
-    /// The (node, output) of each program result.
+/// What a cut computes, before any program text: which externals become
+/// parameters (in first-use order), which result each donates its buffer
+/// to, and which node outputs are results.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Plan {
+    pub params: Vec<usize>,
+    pub donations: Vec<Option<usize>>,
     pub results: Vec<(usize, usize)>,
+}
+
+/// Plans the live part of `graph`. An external held only by this graph can
+/// never be read again, so it is donated to the first free result of its
+/// type.
+pub(crate) fn plan(graph: &Graph, results: Vec<(usize, usize)>, needed: &[bool]) -> Plan {
+    let mut params: Vec<usize> = Vec::new();
+    for (n, node) in graph.nodes.iter().enumerate() {
+        if !needed[n] {
+            continue;
+        }
+        for src in &node.inputs {
+            if let Src::External(i) = *src
+                && !params.contains(&i)
+            {
+                params.push(i);
+            }
+        }
+    }
+    let result_types: Vec<TensorType> = results
+        .iter()
+        .map(|&(n, o)| graph.src_type(Src::Node(n, o)))
+        .collect();
+    let mut taken = vec![false; results.len()];
+    let donations = params
+        .iter()
+        .map(|&i| {
+            if Arc::strong_count(&graph.externals[i]) != 1 {
+                return None;
+            }
+            let ty = graph.src_type(Src::External(i));
+            let r = (0..results.len()).find(|&r| !taken[r] && result_types[r] == ty)?;
+            taken[r] = true;
+            Some(r)
+        })
+        .collect();
+    Plan {
+        params,
+        donations,
+        results,
+    }
 }
 
 fn describe_inputs(graph: &Graph, node: &Node) -> String {
@@ -163,39 +205,28 @@ pub(crate) fn node_error(graph: &Graph, node: &Node, source: Error) -> Error {
     }
 }
 
-/// Lowers the live part of `graph`: dead nodes are skipped, and externals
-/// no tensor holds any more are donated to a result of the same type.
-pub(crate) fn lower(
-    graph: &Graph,
-    results: Vec<(usize, usize)>,
-    needed: &[bool],
-) -> Result<Lowered> {
+/// The program text of `plan`: dead nodes are skipped.
+pub(crate) fn lower(graph: &Graph, plan: &Plan, needed: &[bool]) -> Result<String> {
     let mut b = Builder::new("fused");
-    let mut params: Vec<(usize, bool)> = Vec::new();
-    let mut param_values: Vec<Value> = Vec::new();
-    let mut external_values: HashMap<usize, Value> = HashMap::new();
+    let params: HashMap<usize, Value> = plan
+        .params
+        .iter()
+        .map(|&i| (i, b.parameter(graph.src_type(Src::External(i)))))
+        .collect();
     let mut node_values: Vec<Vec<Value>> = Vec::with_capacity(graph.nodes.len());
     for (n, node) in graph.nodes.iter().enumerate() {
         if !needed[n] {
             node_values.push(Vec::new());
             continue;
         }
-        let mut inputs = Vec::with_capacity(node.inputs.len());
-        for &src in &node.inputs {
-            let v = match src {
+        let inputs: Vec<Value> = node
+            .inputs
+            .iter()
+            .map(|&src| match src {
                 Src::Node(m, o) => node_values[m][o].clone(),
-                Src::External(i) => external_values
-                    .entry(i)
-                    .or_insert_with(|| {
-                        let v = b.parameter(graph.src_type(src));
-                        params.push((i, false));
-                        param_values.push(v.clone());
-                        v
-                    })
-                    .clone(),
-            };
-            inputs.push(v);
-        }
+                Src::External(i) => params[&i].clone(),
+            })
+            .collect();
         let outs = (node.op.lower)(&mut b, &inputs, &node.attrs).map_err(|reason| {
             node_error(
                 graph,
@@ -210,26 +241,15 @@ pub(crate) fn lower(
         })?;
         node_values.push(outs);
     }
-    let values: Vec<Value> = results
+    let values: Vec<Value> = plan
+        .results
         .iter()
         .map(|&(n, o)| node_values[n][o].clone())
         .collect();
-    // An external held only by this graph can never be read again: give its
-    // buffer to the first untaken result of its type.
-    let mut taken = vec![false; values.len()];
-    for (slot, param) in params.iter_mut().zip(&param_values) {
-        if Arc::strong_count(&graph.externals[slot.0]) != 1 {
-            continue;
-        }
-        if let Some(r) = (0..values.len()).find(|&r| !taken[r] && values[r].ty() == param.ty()) {
-            taken[r] = true;
-            slot.1 = true;
-            b.donate(param, r);
+    for (i, donation) in plan.params.iter().zip(&plan.donations) {
+        if let Some(r) = donation {
+            b.donate(&params[i], *r);
         }
     }
-    Ok(Lowered {
-        program: b.finish(&values),
-        params,
-        results,
-    })
+    Ok(b.finish(&values))
 }

@@ -16,10 +16,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use graph::{Graph, Node, Output, Src, lower, node_error};
-use tpu_core::metrics::{CutReason, record_graph_cut};
+use graph::{Graph, Node, Output, Plan, Src, lower, node_error, plan};
+use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
-use tpu_core::pjrt::{Arg, CompileOptions};
+use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
 use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
 
@@ -75,11 +75,22 @@ struct DeviceState {
     repeat_cut: bool,
 }
 
+/// What identifies a cut's program without lowering it.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PlanKey {
+    device: usize,
+    len: usize,
+    fingerprint: u64,
+    plan: Plan,
+}
+
 /// The DeferAndFuse policy.
 pub struct DeferAndFuse {
     me: Weak<DeferAndFuse>,
     config: DeferConfig,
     devices: Mutex<HashMap<usize, DeviceState>>,
+    /// Executables of graphs already cut, by structure.
+    plans: Mutex<HashMap<PlanKey, Arc<Executable>>>,
     strict: Strict,
 }
 
@@ -99,6 +110,7 @@ impl DeferAndFuse {
             me: me.clone(),
             config,
             devices: Mutex::new(HashMap::new()),
+            plans: Mutex::new(HashMap::new()),
             strict: Strict::new(),
         })
     }
@@ -311,50 +323,87 @@ impl DeferAndFuse {
             return Ok(());
         }
         record_graph_cut(reason);
-        let lowered = lower(&graph, results, &needed)?;
-        let runtime = Runtime::global()?;
-        let executable = match runtime.compile(&lowered.program, &CompileOptions::on_device(device))
-        {
-            Ok(exe) => exe,
-            Err(e) => return Err(blame(&graph, &needed, device, e)),
-        };
+        let plan = plan(&graph, results, &needed);
+        let executable = self.executable(&graph, &plan, &needed, device)?;
         let Graph {
             nodes, externals, ..
         } = graph;
-        let mut externals: Vec<Option<Arc<tpu_core::pjrt::Buffer>>> =
-            externals.into_iter().map(Some).collect();
-        let mut owned = Vec::new();
-        let mut args_order = Vec::new();
-        for &(i, donate) in &lowered.params {
-            let Some(buffer) = externals[i].take() else {
-                return Err(Error::Signature("an external appears twice".into()));
-            };
-            match (donate, Arc::try_unwrap(buffer)) {
-                (true, Ok(b)) => args_order.push((true, owned.len(), Some(b))),
-                (_, Ok(b)) => {
-                    owned.push(Arc::new(b));
-                    args_order.push((false, owned.len() - 1, None));
-                }
-                (_, Err(shared)) => {
-                    owned.push(shared);
-                    args_order.push((false, owned.len() - 1, None));
-                }
-            }
+        let mut externals: Vec<Option<Arc<Buffer>>> = externals.into_iter().map(Some).collect();
+        // Donated buffers move into the call; the rest are borrowed from
+        // `shared`, which outlives it.
+        enum Slot {
+            Donated(Buffer),
+            Shared(usize),
         }
-        let args: Vec<Arg<'_>> = args_order
+        let mut shared: Vec<Arc<Buffer>> = Vec::new();
+        let mut slots = Vec::with_capacity(plan.params.len());
+        for (&i, donation) in plan.params.iter().zip(&plan.donations) {
+            let buffer = externals[i]
+                .take()
+                .ok_or_else(|| Error::Signature("a deferred graph lists an input twice".into()))?;
+            let buffer = match donation {
+                Some(_) => match Arc::try_unwrap(buffer) {
+                    Ok(b) => {
+                        slots.push(Slot::Donated(b));
+                        continue;
+                    }
+                    Err(b) => b,
+                },
+                None => buffer,
+            };
+            shared.push(buffer);
+            slots.push(Slot::Shared(shared.len() - 1));
+        }
+        let args: Vec<Arg<'_>> = slots
             .into_iter()
-            .map(|(_, index, donated)| match donated {
-                Some(b) => Arg::Donate(b),
-                None => Arg::Borrow(owned[index].as_ref()),
+            .map(|slot| match slot {
+                Slot::Donated(b) => Arg::Donate(b),
+                Slot::Shared(k) => Arg::Borrow(shared[k].as_ref()),
             })
             .collect();
         let outputs = executable.execute(args)?;
-        for ((n, o), buffer) in lowered.results.iter().zip(outputs) {
-            if let Some(t) = nodes[*n].outputs[*o].tensor.upgrade() {
+        for (&(n, o), buffer) in plan.results.iter().zip(outputs) {
+            if let Some(t) = nodes[n].outputs[o].tensor.upgrade() {
                 t.set_value(TensorValue::Device(Arc::new(buffer)));
             }
         }
         Ok(())
+    }
+
+    /// The executable of a cut: a graph seen before (same structure, same
+    /// results, same donations) reuses its executable without lowering.
+    fn executable(
+        &self,
+        graph: &Graph,
+        plan: &Plan,
+        needed: &[bool],
+        device: usize,
+    ) -> Result<Arc<Executable>> {
+        let n = graph.nodes.len();
+        let key = PlanKey {
+            device,
+            len: n,
+            fingerprint: graph.fingerprints[n - 1],
+            plan: plan.clone(),
+        };
+        if let Some(exe) = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            record_cache_hit();
+            return Ok(exe.clone());
+        }
+        let program = lower(graph, plan, needed)?;
+        let exe = Runtime::global()?
+            .compile(&program, &CompileOptions::on_device(device))
+            .map_err(|e| blame(graph, needed, device, e))?;
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, exe.clone());
+        Ok(exe)
     }
 
     fn cut_device(&self, device: usize, reason: CutReason) -> Result<()> {
