@@ -16,6 +16,7 @@ mod autograd;
 pub mod checkpoint;
 mod display;
 mod error;
+mod functional;
 pub mod models;
 pub mod nn;
 mod ops;
@@ -24,6 +25,7 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
+pub use functional::Window;
 pub use tensor::Tensor;
 pub use tpu_core::pjrt::discovery;
 pub use tpu_core::policy::{EagerMode, sync, with_eager_mode};

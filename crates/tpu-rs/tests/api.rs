@@ -79,3 +79,65 @@ fn layers_reject_wrong_shapes_with_their_name() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn functional_methods_agree_across_devices() -> Result<()> {
+    use tpu_rs::Window;
+    let run = |device: Device| -> Result<Vec<Vec<f64>>> {
+        let key = Tensor::random_key(7, device)?;
+        let x = Tensor::uniform(&key, [1, 2, 6, 6], DType::F32, -1.0, 1.0)?;
+        let w = Tensor::normal(
+            &Tensor::random_key(8, device)?,
+            [3, 2, 3, 3],
+            DType::F32,
+            0.0,
+            0.5,
+        )?;
+        let conv = x.conv2d(
+            &w,
+            None,
+            Window {
+                padding: 1,
+                ..Window::default()
+            },
+            1,
+        )?;
+        let pooled = conv.max_pool2d(
+            2,
+            Window {
+                stride: 2,
+                ..Window::default()
+            },
+        )?;
+        let avg = conv.avg_pool2d(2, 2, 0)?;
+        let flat = pooled.reshape(&[1, -1])?;
+        let ln = flat.layer_norm(1, None, None, 1e-5)?;
+        let rms = flat.rms_norm(1, None, 1e-6)?;
+        let q = Tensor::uniform(&key, [1, 2, 4, 8], DType::F32, -1.0, 1.0)?;
+        let att = q.scaled_dot_product_attention(&q, &q, None, true)?;
+        let idx = Tensor::from_slice(&[2i64, 0, 1], [3], device)?;
+        let rows = Tensor::eye(3, 4, DType::F32, device)?.index_add(
+            0,
+            &idx,
+            &Tensor::ones([3, 4], DType::F32, device)?,
+        )?;
+        let logits = Tensor::arange(0.0, 12.0, 1.0, DType::F32, device)?
+            .reshape(&[3, 4])?
+            .scale(0.1)?;
+        let ce = logits.cross_entropy(&idx)?;
+        let nll = logits.log_softmax(-1)?.nll_loss(&idx)?;
+        let coins = Tensor::bernoulli(&key, [64], 0.5)?.to_dtype(DType::F32)?;
+        Ok([conv, pooled, avg, ln, rms, att, rows, ce, nll, coins]
+            .iter()
+            .map(|t| t.to_f64_vec())
+            .collect::<Result<_>>()?)
+    };
+    let (cpu, tpu) = (run(Device::Cpu)?, run(Device::Tpu(0))?);
+    for (a, b) in cpu.iter().zip(&tpu) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-4 * (1.0 + x.abs()), "{a:?} vs {b:?}");
+        }
+    }
+    Ok(())
+}
