@@ -127,10 +127,10 @@ fn functional_methods_agree_across_devices() -> Result<()> {
         let ce = logits.cross_entropy(&idx)?;
         let nll = logits.log_softmax(-1)?.nll_loss(&idx)?;
         let coins = Tensor::bernoulli(&key, [64], 0.5)?.to_dtype(DType::F32)?;
-        Ok([conv, pooled, avg, ln, rms, att, rows, ce, nll, coins]
+        [conv, pooled, avg, ln, rms, att, rows, ce, nll, coins]
             .iter()
             .map(|t| t.to_f64_vec())
-            .collect::<Result<_>>()?)
+            .collect()
     };
     let (cpu, tpu) = (run(Device::Cpu)?, run(Device::Tpu(0))?);
     for (a, b) in cpu.iter().zip(&tpu) {
