@@ -108,9 +108,10 @@ fn test() -> Result<(), String> {
         .env("TPU_RS_REQUIRE_LIBTPU", "1")
         .env("TPU_RS_TORCH_PYTHON", &python)
         .env("TPU_RS_REQUIRE_TORCH", "1"))?;
-    // The runtime suite again on a plugin with a newer PJRT API.
+    // The runtime and op suites again on a plugin with a newer PJRT API.
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
+        .args(["-p", "tpu-ops", "--test", "conformance"])
         .env("TPU_RS_PLUGIN", "jax-cpu"))
 }
 
