@@ -3,7 +3,7 @@
 //!
 //! - [`Strict`]: each op is a single-op program, compiled once per op,
 //!   attributes, input types and device, then executed asynchronously.
-//! - [`Debug`]: Strict, blocking on every op so errors surface at the
+//! - [`Debug`](struct@Debug): Strict, blocking on every op so errors surface at the
 //!   faulting call, with optional NaN/Inf and reference-parity checks.
 //! - [`DeferAndFuse`]: ops are recorded per device and compiled as one fused
 //!   program when a value is needed.

@@ -239,13 +239,13 @@ impl Tensor {
     }
 
     /// `self` with elements zeroed with probability `p` (the rest scaled by
-    /// `1 / (1 - p)`), drawn from `key` (u32[2]).
+    /// `1 / (1 - p)`), drawn from `key` (a `u32[2]` tensor).
     #[track_caller]
     pub fn dropout(&self, key: &Tensor, p: f64) -> Result<Tensor> {
         Tensor::apply1("dropout", &[self, key], Attrs::new().with("p", p))
     }
 
-    /// A u32[2] random key for `seed`.
+    /// A random key (a `u32[2]` tensor) for `seed`.
     pub fn random_key(seed: u64, device: Device) -> Result<Tensor> {
         Tensor::from_slice(&[(seed >> 32) as u32, seed as u32], [2], device)
     }

@@ -1,7 +1,7 @@
 //! The PJRT runtime: plugins, clients, buffers, compilation and execution.
 //!
 //! All `unsafe` code of tpu-rs lives in this module, and every call into a
-//! plugin goes through [`ffi`]'s padded-argument helper.
+//! plugin goes through the padded-argument helper of the `ffi` module.
 
 mod buffer;
 mod client;
