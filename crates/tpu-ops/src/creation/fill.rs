@@ -20,10 +20,22 @@ pub(crate) fn shape_attr(attrs: &Attrs) -> OpResult<Shape> {
     ))
 }
 
-fn full_type(attrs: &Attrs) -> OpResult<TensorType> {
+/// The type of a filled tensor: `shape`, and `dtype` (f32 when absent).
+pub(crate) fn filled_type(attrs: &Attrs) -> OpResult<TensorType> {
     let dtype = attrs.dtype_opt("dtype")?.unwrap_or(DType::F32);
-    attrs.float("value")?;
     Ok(TensorType::new(dtype, shape_attr(attrs)?))
+}
+
+/// A tensor of [`filled_type`] holding `value` everywhere.
+pub(crate) fn filled_ref(attrs: &Attrs, value: f64) -> OpResult<Vec<HostTensor>> {
+    let t = filled_type(attrs)?;
+    let values = ArrayD::from_elem(IxDyn(t.shape.dims()), value);
+    Ok(vec![HostTensor::float(t.dtype, values)])
+}
+
+fn full_type(attrs: &Attrs) -> OpResult<TensorType> {
+    attrs.float("value")?;
+    filled_type(attrs)
 }
 
 fn full_sample(g: &mut Gen) -> Sample {
@@ -54,11 +66,7 @@ inventory::submit! {
             let t = full_type(attrs)?;
             Ok(vec![b.constant(t.dtype, t.shape, attrs.float("value")?)])
         },
-        reference: |_, attrs| {
-            let t = full_type(attrs)?;
-            let values = ArrayD::from_elem(IxDyn(t.shape.dims()), attrs.float("value")?);
-            Ok(vec![HostTensor::float(t.dtype, values).cast(t.dtype)])
-        },
+        reference: |_, attrs| filled_ref(attrs, attrs.float("value")?),
         vjp: None,
         tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| full_sample(&mut Gen::new(i))).collect(),

@@ -7,7 +7,7 @@ use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
-use super::fill::shape_attr;
+use super::fill::{filled_ref, filled_type, shape_attr};
 use crate::here;
 use crate::support::*;
 
@@ -21,16 +21,6 @@ fn dtype_or_f32(attrs: &Attrs) -> OpResult<DType> {
 }
 
 // ---- zeros / ones ----
-
-fn filled_type(attrs: &Attrs) -> OpResult<TensorType> {
-    Ok(TensorType::new(dtype_or_f32(attrs)?, shape_attr(attrs)?))
-}
-
-fn filled_ref(attrs: &Attrs, value: f64) -> OpResult<Vec<HostTensor>> {
-    let t = filled_type(attrs)?;
-    let values = ArrayD::from_elem(IxDyn(t.shape.dims()), value);
-    Ok(vec![HostTensor::float(t.dtype, values)])
-}
 
 fn filled_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
@@ -53,45 +43,33 @@ fn filled_samples() -> Vec<Sample> {
     out
 }
 
-inventory::submit! {
-    OpDef {
-        name: "zeros",
-        arity: Arity::Exactly(0),
-        flags: Flags::NONE,
-        dtypes: ALL,
-        infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
-        lower: |b, _, attrs| {
-            let t = filled_type(attrs)?;
-            Ok(vec![b.constant(t.dtype, t.shape, 0.0)])
-        },
-        reference: |_, attrs| filled_ref(attrs, 0.0),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
-        samples: filled_samples,
-        arbitrary: filled_sample,
-        location: here!(),
-    }
+/// `zeros` and `ones`: [`full`](super::fill) with a fixed value.
+macro_rules! constant_fill {
+    ($name:literal, $value:expr) => {
+        inventory::submit! {
+            OpDef {
+                name: $name,
+                arity: Arity::Exactly(0),
+                flags: Flags::NONE,
+                dtypes: ALL,
+                infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
+                lower: |b, _, attrs| {
+                    let t = filled_type(attrs)?;
+                    Ok(vec![b.constant(t.dtype, t.shape, $value)])
+                },
+                reference: |_, attrs| filled_ref(attrs, $value),
+                vjp: None,
+                tolerance: Tolerance::for_dtype,
+                samples: filled_samples,
+                arbitrary: filled_sample,
+                location: here!(),
+            }
+        }
+    };
 }
 
-inventory::submit! {
-    OpDef {
-        name: "ones",
-        arity: Arity::Exactly(0),
-        flags: Flags::NONE,
-        dtypes: ALL,
-        infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
-        lower: |b, _, attrs| {
-            let t = filled_type(attrs)?;
-            Ok(vec![b.constant(t.dtype, t.shape, 1.0)])
-        },
-        reference: |_, attrs| filled_ref(attrs, 1.0),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
-        samples: filled_samples,
-        arbitrary: filled_sample,
-        location: here!(),
-    }
-}
+constant_fill!("zeros", 0.0);
+constant_fill!("ones", 1.0);
 
 // ---- arange ----
 
