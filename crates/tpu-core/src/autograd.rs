@@ -104,9 +104,9 @@ impl GradTape {
             {
                 continue;
             }
-            let Some(vjp) = record.op.vjp else {
+            if record.op.vjp.is_none() {
                 continue;
-            };
+            }
             let mut output_grads = Vec::with_capacity(record.outputs.len());
             for &o in &record.outputs {
                 let g = match grads.get(o.0).copied().flatten() {
@@ -118,26 +118,13 @@ impl GradTape {
                 };
                 output_grads.push(g);
             }
-            let args = VjpArgs {
-                inputs: &record.inputs,
-                outputs: &record.outputs,
-                grads: &output_grads,
-                attrs: &record.attrs,
-            };
-            let input_grads =
-                vjp(self as &mut dyn Tape, &args).map_err(|reason| Error::InvalidInput {
-                    op: record.op.name.to_string(),
-                    inputs: record
-                        .inputs
-                        .iter()
-                        .map(|v| self.ty(*v).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    device: self.values[record.inputs.first().map_or(0, |v| v.0)]
-                        .device()
-                        .to_string(),
-                    reason: format!("backward rule failed: {reason}"),
-                })?;
+            let input_grads = self.backward_rule(
+                record.op,
+                &record.attrs,
+                &record.inputs,
+                &record.outputs,
+                &output_grads,
+            )?;
             if grads.len() < self.values.len() {
                 grads.resize(self.values.len(), None);
             }
@@ -162,6 +149,40 @@ impl GradTape {
             .collect();
         end_of_backward()?;
         Ok(result)
+    }
+
+    /// Runs `op`'s backward rule on this tape: one gradient (or `None`) per
+    /// input. An op without a rule gives no gradients.
+    pub fn backward_rule(
+        &mut self,
+        op: &'static OpDef,
+        attrs: &Attrs,
+        inputs: &[Var],
+        outputs: &[Var],
+        grads: &[Var],
+    ) -> Result<Vec<Option<Var>>> {
+        let Some(vjp) = op.vjp else {
+            return Ok(vec![None; inputs.len()]);
+        };
+        let args = VjpArgs {
+            inputs,
+            outputs,
+            grads,
+            attrs,
+        };
+        vjp(self as &mut dyn Tape, &args).map_err(|reason| Error::InvalidInput {
+            op: op.name.to_string(),
+            inputs: inputs
+                .iter()
+                .map(|v| self.ty(*v).to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            device: inputs
+                .first()
+                .map(|v| self.values[v.0].device().to_string())
+                .unwrap_or_default(),
+            reason: format!("backward rule failed: {reason}"),
+        })
     }
 
     fn full_var(&mut self, ty: &TensorType, value: f64) -> Result<Var> {

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use tpu_core::autograd::GradTape;
-use tpu_core::op::{Attrs, OpDef, Tape, Var, VjpArgs};
+use tpu_core::op::{Attrs, OpDef, Var};
 use tpu_core::policy::end_of_backward;
 
 use crate::error::{Error, Result};
@@ -123,9 +123,9 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
         let Some(grads) = pending.remove(&node_key(node)) else {
             continue;
         };
-        let Some(vjp) = node.op.vjp else {
+        if node.op.vjp.is_none() {
             continue;
-        };
+        }
         // A tape per node, so nothing of this step outlives it.
         let mut tape = GradTape::new();
         let inputs: Vec<Var> = saved
@@ -146,29 +146,8 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
             };
             grad_vars.push(tape.input(g));
         }
-        let args = VjpArgs {
-            inputs: &inputs,
-            outputs: &outputs,
-            grads: &grad_vars,
-            attrs: &node.attrs,
-        };
-        let input_grads = vjp(&mut tape as &mut dyn Tape, &args).map_err(|reason| {
-            tpu_core::Error::InvalidInput {
-                op: node.op.name.to_string(),
-                inputs: saved
-                    .inputs
-                    .iter()
-                    .map(|t| t.ty().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                device: saved
-                    .inputs
-                    .first()
-                    .map(|t| t.device().to_string())
-                    .unwrap_or_default(),
-                reason: format!("backward rule failed: {reason}"),
-            }
-        })?;
+        let input_grads =
+            tape.backward_rule(node.op, &node.attrs, &inputs, &outputs, &grad_vars)?;
         for (input, g) in saved.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
             let g = tape.value(g).clone();
