@@ -8,8 +8,9 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-/// Debian packages the PJRT bindings need to build.
-const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libclang-dev"];
+/// Debian packages the PJRT bindings need to build: protoc, the protobuf
+/// well-known types it imports, and libclang for bindgen.
+const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev", "libclang-dev"];
 
 /// Plugins the tests run on: two CPU plugins with different PJRT API versions,
 /// and libtpu for the no-TPU error path.
@@ -115,10 +116,11 @@ fn test() -> Result<(), String> {
         .env("TPU_RS_PLUGIN", "jax-cpu"))
 }
 
-/// protoc and libclang, through apt-get when missing (as root), else a clear
+/// protoc (with its well-known types) and libclang, through apt-get when missing (as root), else a clear
 /// instruction.
 fn install_system_packages() -> Result<(), String> {
-    let has_protoc = Command::new("protoc").arg("--version").output().is_ok();
+    let has_protoc = Command::new("protoc").arg("--version").output().is_ok()
+        && Path::new("/usr/include/google/protobuf/any.proto").exists();
     if has_protoc && has_libclang() {
         return Ok(());
     }
