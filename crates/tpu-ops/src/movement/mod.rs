@@ -9,6 +9,7 @@ mod reshape;
 mod scatter;
 mod slice;
 mod sort;
+mod strided;
 mod triangle;
 
 #[cfg(test)]
