@@ -1,2 +1,70 @@
-//! The PyTorch bridge of tpu-rs: a Python extension that gives PyTorch a `tpu` device and a `tpu_dist` distributed backend.
+//! The PyTorch bridge of tpu-rs: the native half of the `torch_tpu_rs`
+//! Python package, which gives PyTorch a `tpu` device.
+//!
+//! Python registers aten kernels for the device (see `python/`); each one
+//! calls in here with torch tensors. A torch storage on `tpu` carries a
+//! [`Storage`] holding a tpu-rs tensor; ops run through the tpu-rs
+//! dispatcher under the chosen eager mode, and writes rebind storages.
 #![warn(missing_docs)]
+
+mod args;
+mod device;
+mod error;
+mod kernels;
+mod ops;
+mod random;
+mod storage;
+mod torch;
+
+use pyo3::prelude::*;
+
+pub use error::{BridgeError, TpuError};
+pub use storage::{Layout, Storage};
+
+/// An unwritten tpu tensor of `size` and `dtype` (contiguous).
+#[pyfunction]
+fn empty<'py>(
+    py: Python<'py>,
+    size: Vec<usize>,
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(torch::empty(py, &size, torch::dtype_of(dtype)?)?)
+}
+
+/// The names of every op in the tpu-rs registry.
+#[pyfunction]
+fn op_names() -> PyResult<Vec<&'static str>> {
+    Ok(tpu_ops::registry().map_err(BridgeError::from)?.names())
+}
+
+/// The Python module `torch_tpu_rs._C`.
+#[pymodule]
+#[pyo3(name = "_C")]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    tpu_eager::link();
+    m.add("TpuError", m.py().get_type::<TpuError>())?;
+    m.add_class::<Storage>()?;
+    m.add_function(wrap_pyfunction!(empty, m)?)?;
+    m.add_function(wrap_pyfunction!(op_names, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::run_into, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::copy_into, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::to_cpu, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::from_cpu, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::vjp, m)?)?;
+    m.add_function(wrap_pyfunction!(random::manual_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(random::initial_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(random::fill_random, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device::unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_name, m)?)?;
+    m.add_function(wrap_pyfunction!(device::describe, m)?)?;
+    m.add_function(wrap_pyfunction!(device::platform, m)?)?;
+    m.add_function(wrap_pyfunction!(device::memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(device::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(device::metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(device::eager_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(device::set_eager_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(device::synchronize, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+"""Registers ``tpu`` with PyTorch as the PrivateUse1 backend."""
+
+import torch
+from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+from . import tpu
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self):
+        return tpu.is_available()
+
+    def has_primary_context(self, device_index):
+        return True
+
+    def is_built(self):
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _reduce_ex(original):
+    # torch.save writes storages byte for byte; a tpu storage's bytes live
+    # on the device, so tpu tensors pickle as their CPU copy and come back
+    # on tpu (as XLA tensors do).
+    def __reduce_ex__(self, protocol):
+        if self.device.type == "tpu" and type(self) in (torch.Tensor, torch.nn.Parameter):
+            rebuilt = (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad)
+            if type(self) is torch.nn.Parameter:
+                return (_rebuild_parameter, rebuilt)
+            return (torch._utils._rebuild_device_tensor_from_cpu_tensor, rebuilt)
+        return original(self, protocol)
+
+    return __reduce_ex__
+
+
+def _rebuild_parameter(data, dtype, device, requires_grad):
+    return torch.nn.Parameter(data.to(dtype=dtype, device=device), requires_grad)
+
+
+def _deepcopy(original):
+    def __deepcopy__(self, memo):
+        if self.device.type != "tpu" or id(self) in memo:
+            return original(self, memo)
+        copy = self.detach().clone()
+        if type(self) is torch.nn.Parameter:
+            copy = torch.nn.Parameter(copy, self.requires_grad)
+        else:
+            copy.requires_grad_(self.requires_grad)
+        memo[id(self)] = copy
+        return copy
+
+    return __deepcopy__
+
+
+_registered = False
+
+
+def register():
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    _setup_privateuseone_for_python_backend("tpu", tpu, _Hooks(), _Guard())
+    torch.Tensor.__reduce_ex__ = _reduce_ex(torch.Tensor.__reduce_ex__)
+    torch.nn.Parameter.__reduce_ex__ = _reduce_ex(torch.nn.Parameter.__reduce_ex__)
+    torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
+    torch.nn.Parameter.__deepcopy__ = _deepcopy(torch.nn.Parameter.__deepcopy__)
+    from . import aten  # noqa: F401  (registers the kernels)

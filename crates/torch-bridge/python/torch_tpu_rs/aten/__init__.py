@@ -1,0 +1,4 @@
+"""The aten kernels of the ``tpu`` device. Importing registers them."""
+
+from . import autocast, elementwise, indexing, nn, random, reductions, tensors  # noqa: F401
+from .registry import REGISTERED, cpu_fallback_enabled  # noqa: F401

@@ -1,0 +1,277 @@
+"""Elementwise ops, with PyTorch's type promotion: inputs are cast to the
+result type (``torch.result_type``) before the tpu-rs op runs."""
+
+import torch
+
+from .. import _C
+from .registry import kernel
+
+
+def _float(dtype):
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def run(op, inputs, attrs=None, dtype=None):
+    return _C.run(op, list(inputs), attrs, dtype)[0]
+
+
+def _binary(op, float_result=False):
+    def k(self, other):
+        dtype = torch.result_type(self, other)
+        return run(op, [self, other], None, _float(dtype) if float_result else dtype)
+
+    return k
+
+
+def _with_alpha(op):
+    def k(self, other, alpha=1):
+        dtype = torch.result_type(self, other)
+        if alpha != 1:
+            other = run("mul", [other, alpha], None, dtype)
+        return run(op, [self, other], None, dtype)
+
+    return k
+
+
+kernel("add.Tensor", "add.Scalar")(_with_alpha("add"))
+kernel("sub.Tensor", "sub.Scalar")(_with_alpha("sub"))
+kernel("mul.Tensor", "mul.Scalar")(_binary("mul"))
+kernel("maximum")(_binary("maximum"))
+kernel("minimum")(_binary("minimum"))
+kernel("atan2")(_binary("atan2", float_result=True))
+kernel("remainder.Tensor", "remainder.Scalar")(_binary("remainder"))
+kernel("bitwise_and.Tensor", "bitwise_and.Scalar")(_binary("bitwise_and"))
+kernel("bitwise_or.Tensor", "bitwise_or.Scalar")(_binary("bitwise_or"))
+kernel("bitwise_xor.Tensor", "bitwise_xor.Scalar")(_binary("bitwise_xor"))
+kernel("pow.Tensor_Tensor", "pow.Tensor_Scalar")(_binary("pow"))
+
+
+@kernel("pow.Scalar")
+def pow_scalar(self, exponent):
+    return run("pow", [self, exponent], None, torch.result_type(self, exponent))
+
+
+@kernel("rsub.Tensor", "rsub.Scalar")
+def rsub(self, other, alpha=1):
+    # other - alpha * self
+    dtype = torch.result_type(self, other)
+    if alpha != 1:
+        self = run("mul", [self, alpha], None, dtype)
+    return run("sub", [other, self], None, dtype)
+
+
+def _trunc(x):
+    return run("mul", [run("sign", [x]), run("floor", [run("abs", [x])])])
+
+
+@kernel("div.Tensor", "div.Scalar")
+def div(self, other):
+    return run("div", [self, other], None, _float(torch.result_type(self, other)))
+
+
+@kernel("div.Tensor_mode", "div.Scalar_mode")
+def div_mode(self, other, *, rounding_mode=None):
+    dtype = torch.result_type(self, other)
+    q = div(self, other)
+    if rounding_mode == "trunc":
+        q = _trunc(q)
+    elif rounding_mode == "floor":
+        q = run("floor", [q])
+    return run("cast", [q], {"dtype": dtype}) if q.dtype != dtype else q
+
+
+@kernel("floor_divide", "floor_divide.Scalar")
+def floor_divide(self, other):
+    return div_mode(self, other, rounding_mode="floor")
+
+
+@kernel("fmod.Tensor", "fmod.Scalar")
+def fmod(self, other):
+    dtype = torch.result_type(self, other)
+    q = div_mode(self, other, rounding_mode="trunc")
+    return run("sub", [self, run("mul", [q, other], None, dtype)], None, dtype)
+
+
+def _compare(op):
+    def k(self, other):
+        return run(op, [self, other], None, torch.result_type(self, other))
+
+    return k
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    kernel(f"{_name}.Tensor", f"{_name}.Scalar")(_compare(_name))
+
+
+def _logical(op):
+    def k(self, other):
+        return run(op, [self, other], None, torch.bool)
+
+    return k
+
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    kernel(_name)(_logical(_name))
+
+
+# Unary ops that keep the dtype.
+for _name in ("abs", "neg", "relu", "sign", "floor", "ceil", "round", "isnan", "isinf", "logical_not"):
+    kernel(_name)(lambda self, _op=_name: run(_op, [self]))
+
+# Unary ops with a float result.
+for _name in (
+    "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid",
+    "silu", "erf", "reciprocal", "log1p", "expm1",
+):
+    kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
+
+
+@kernel("sgn")
+def sgn(self):
+    return run("sign", [self])
+
+
+@kernel("trunc")
+def trunc(self):
+    return self.clone() if not self.dtype.is_floating_point else _trunc(self)
+
+
+@kernel("frac")
+def frac(self):
+    return run("sub", [self, _trunc(self)])
+
+
+@kernel("log2")
+def log2(self):
+    return run("mul", [run("log", [self], None, _float(self.dtype)), 1.4426950408889634])
+
+
+@kernel("log10")
+def log10(self):
+    return run("mul", [run("log", [self], None, _float(self.dtype)), 0.4342944819032518])
+
+
+@kernel("exp2")
+def exp2(self):
+    return run("exp", [run("mul", [self, 0.6931471805599453], None, _float(self.dtype))])
+
+
+@kernel("bitwise_not")
+def bitwise_not(self):
+    if self.dtype == torch.bool:
+        return run("logical_not", [self])
+    return run("sub", [run("neg", [self]), 1], None, self.dtype)
+
+
+@kernel("gelu")
+def gelu(self, *, approximate="none"):
+    return run("gelu", [self], {"approximate": approximate})
+
+
+@kernel("clamp")
+def clamp(self, min=None, max=None):
+    attrs = {}
+    if min is not None:
+        attrs["min"] = float(min)
+    if max is not None:
+        attrs["max"] = float(max)
+    return run("clamp", [self], attrs)
+
+
+@kernel("clamp.Tensor")
+def clamp_tensor(self, min=None, max=None):
+    out = self
+    if min is not None:
+        out = run("maximum", [out, min], None, torch.result_type(out, min))
+    if max is not None:
+        out = run("minimum", [out, max], None, torch.result_type(out, max))
+    return out
+
+
+@kernel("clamp_min")
+def clamp_min(self, min):
+    return clamp(self, min=min)
+
+
+@kernel("clamp_max")
+def clamp_max(self, max):
+    return clamp(self, max=max)
+
+
+@kernel("clamp_min.Tensor")
+def clamp_min_tensor(self, min):
+    return clamp_tensor(self, min=min)
+
+
+@kernel("clamp_max.Tensor")
+def clamp_max_tensor(self, max):
+    return clamp_tensor(self, max=max)
+
+
+@kernel("where.self")
+def where(condition, self, other):
+    dtype = torch.result_type(self, other)
+    return _C.run("where", [condition, self, other], None, dtype, 1)[0]
+
+
+@kernel("where.ScalarOther", "where.ScalarSelf", "where.Scalar")
+def where_scalar(condition, self, other):
+    return where(condition, self, other)
+
+
+@kernel("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(self, mask, value):
+    return _C.run("where", [mask, value, self], None, self.dtype, 1)[0]
+
+
+@kernel("lerp.Scalar", "lerp.Tensor")
+def lerp(self, end, weight):
+    return run("add", [self, run("mul", [weight, run("sub", [end, self])], None, self.dtype)])
+
+
+@kernel("addcmul")
+def addcmul(self, tensor1, tensor2, *, value=1):
+    prod = run("mul", [tensor1, tensor2], None, self.dtype)
+    if value != 1:
+        prod = run("mul", [prod, value], None, self.dtype)
+    return run("add", [self, prod], None, self.dtype)
+
+
+@kernel("addcdiv")
+def addcdiv(self, tensor1, tensor2, *, value=1):
+    quot = run("div", [tensor1, tensor2], None, self.dtype)
+    if value != 1:
+        quot = run("mul", [quot, value], None, self.dtype)
+    return run("add", [self, quot], None, self.dtype)
+
+
+@kernel("sigmoid_backward")
+def sigmoid_backward(grad_output, output):
+    # g * y * (1 - y)
+    one_minus = run("sub", [1.0, output], None, output.dtype)
+    return run("mul", [grad_output, run("mul", [output, one_minus])], None, output.dtype)
+
+
+@kernel("tanh_backward")
+def tanh_backward(grad_output, output):
+    # g * (1 - y^2)
+    one_minus = run("sub", [1.0, run("mul", [output, output])], None, output.dtype)
+    return run("mul", [grad_output, one_minus], None, output.dtype)
+
+
+@kernel("threshold_backward")
+def threshold_backward(grad_output, self, threshold):
+    keep = run("gt", [self, threshold], None, self.dtype)
+    return _C.run("where", [keep, grad_output, 0], None, grad_output.dtype, 1)[0]
+
+
+def _unary_vjp(op, attrs=None):
+    def k(grad_output, self, **kwargs):
+        merged = dict(attrs or {}, **kwargs)
+        return _C.vjp(op, [self], [grad_output], merged)[0]
+
+    return k
+
+
+kernel("gelu_backward")(_unary_vjp("gelu"))
+kernel("silu_backward")(_unary_vjp("silu"))

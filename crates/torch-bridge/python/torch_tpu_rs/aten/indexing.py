@@ -1,0 +1,241 @@
+"""Indexing, gathering, scattering, joining and sorting. Ops whose output
+shape depends on values (``nonzero``, boolean masks) read the values on the
+host, as every eager backend must."""
+
+import math
+
+import torch
+
+from .. import _C
+from .elementwise import run
+from .registry import kernel, raw
+
+
+def _i64(x):
+    return x if x.dtype == torch.int64 else run("cast", [x], {"dtype": torch.int64})
+
+
+@kernel("index_select")
+def index_select(self, dim, index):
+    return run("index_select", [self, index], {"dim": dim})
+
+
+@kernel("gather")
+def gather(self, dim, index, *, sparse_grad=False):
+    return run("gather", [self, index], {"dim": dim})
+
+
+@kernel("scatter.src")
+def scatter_src(self, dim, index, src):
+    return run("scatter", [self, index, src], {"dim": dim})
+
+
+@kernel("scatter.value")
+def scatter_value(self, dim, index, value):
+    src = run("full", [], {"shape": list(index.shape), "dtype": self.dtype, "value": float(value)})
+    return scatter_src(self, dim, index, src)
+
+
+@kernel("scatter_add")
+def scatter_add(self, dim, index, src):
+    return run("scatter_add", [self, index, src], {"dim": dim})
+
+
+@kernel("index_add")
+def index_add(self, dim, index, source, *, alpha=1):
+    if alpha != 1:
+        source = run("mul", [source, alpha], None, source.dtype)
+    return run("index_add", [self, index, source], {"dim": dim})
+
+
+@kernel("cat")
+def cat(tensors, dim=0):
+    tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or list(tensors)[:1]
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return run("concat", tensors, {"dim": dim}, dtype)
+
+
+@kernel("stack")
+def stack(tensors, dim=0):
+    return run("stack", list(tensors), {"dim": dim})
+
+
+@kernel("flip")
+def flip(self, dims):
+    return run("flip", [self], {"dims": list(dims)})
+
+
+@kernel("tril")
+def tril(self, diagonal=0):
+    return run("tril", [self], {"diagonal": diagonal})
+
+
+@kernel("triu")
+def triu(self, diagonal=0):
+    return run("triu", [self], {"diagonal": diagonal})
+
+
+@kernel("sort")
+def sort(self, dim=-1, descending=False):
+    return tuple(_C.run("sort", [self], {"dim": dim, "descending": descending}))
+
+
+@kernel("sort.stable")
+def sort_stable(self, *, stable=None, dim=-1, descending=False):
+    return tuple(_C.run("sort", [self], {"dim": dim, "descending": descending, "stable": bool(stable)}))
+
+
+@kernel("topk")
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    return tuple(_C.run("topk", [self], {"k": k, "dim": dim, "largest": largest, "sorted": sorted}))
+
+
+@kernel("constant_pad_nd")
+def constant_pad_nd(self, pad, value=0):
+    return run("pad", [self], {"pad": list(pad), "value": float(value)})
+
+
+@raw("arange.start_out")
+def arange_out(start, end, step=1, *, out):
+    n = max(0, math.ceil((end - start) / step))
+    attrs = {"start": float(start), "end": float(end), "step": float(step), "dtype": out.dtype}
+    value = run("arange", [], attrs) if n > 0 else None
+    if list(out.shape) != [n]:
+        out.resize_([n])
+    if value is not None:
+        _C.copy_into(out, value)
+    return out
+
+
+# ---- Host-read ops: the output shape depends on the values. ----
+
+
+@kernel("nonzero")
+def nonzero(self):
+    return torch.nonzero(_C.to_cpu(self)).to(self.device)
+
+
+@kernel("masked_select")
+def masked_select(self, mask):
+    return torch.masked_select(_C.to_cpu(self), _C.to_cpu(mask)).to(self.device)
+
+
+@raw("equal")
+def equal(self, other):
+    return self.shape == other.shape and bool(run("all", [run("eq", [self, other], None, torch.result_type(self, other))], {"dims": list(range(self.ndim)), "keepdim": False}).item())
+
+
+# ---- Advanced indexing: x[i, j] with index tensors. ----
+
+
+def _linear_index(self, indices):
+    """The indexed dims, and one i64 index into them flattened (row-major),
+    broadcast over the index tensors."""
+    dims, tensors = [], []
+    for d, idx in enumerate(indices):
+        if idx is None:
+            continue
+        if idx.dtype == torch.bool:
+            # A mask indexes as its nonzero positions (one index per mask dim).
+            for k, col in enumerate(nonzero(idx).unbind(1)):
+                dims.append(d + k)
+                tensors.append(col)
+        else:
+            dims.append(d)
+            tensors.append(_i64(idx))
+    shape = list(torch.broadcast_shapes(*[t.shape for t in tensors]))
+    linear = None
+    for d, t in zip(dims, tensors):
+        size = self.shape[d]
+        # Negative indices count from the end.
+        t = run("add", [t, run("mul", [run("cast", [run("lt", [t, 0], None, torch.int64)], {"dtype": torch.int64}), size])])
+        linear = t if linear is None else run("add", [run("mul", [linear, size]), t])
+    linear = run("broadcast_to", [linear], {"shape": shape})
+    return dims, run("reshape", [linear], {"shape": [math.prod(shape)]}), shape
+
+
+def _front(self, dims):
+    """``self`` with the indexed ``dims`` moved to the front and merged."""
+    rest = [d for d in range(self.ndim) if d not in dims]
+    x = self.permute(dims + rest)
+    merged = math.prod(self.shape[d] for d in dims)
+    return x.reshape([merged] + [self.shape[d] for d in rest]), rest
+
+
+def _adjacent(dims):
+    return dims == list(range(dims[0], dims[0] + len(dims)))
+
+
+@kernel("index.Tensor")
+def index(self, indices):
+    indices = list(indices) + [None] * (self.ndim - len(indices))
+    dims, linear, shape = _linear_index(self, indices)
+    x, rest = _front(self, dims)
+    out = run("index_select", [x, linear], {"dim": 0})
+    out = run("reshape", [out], {"shape": shape + [self.shape[d] for d in rest]})
+    if _adjacent(dims) and dims[0] > 0:
+        # Adjacent indexed dims keep their place (NumPy's rule).
+        k, n = dims[0], len(shape)
+        order = list(range(n, n + k)) + list(range(n)) + list(range(n + k, out.ndim))
+        out = out.permute(order)
+    return out
+
+
+@kernel("index_put")
+def index_put(self, indices, values, accumulate=False):
+    indices = list(indices) + [None] * (self.ndim - len(indices))
+    dims, linear, shape = _linear_index(self, indices)
+    x, rest = _front(self, dims)
+    rest_shape = [self.shape[d] for d in rest]
+    values = values.to(self.dtype)
+    if _adjacent(dims) and dims[0] > 0 and values.ndim > len(shape):
+        # Values are laid out with the index dims in place; move them first.
+        k = dims[0]
+        full = [self.shape[d] for d in range(k)] + shape + [self.shape[d] for d in range(k + len(dims), self.ndim)]
+        values = values.expand(full)
+        n = len(shape)
+        values = values.permute(list(range(k, k + n)) + list(range(k)) + list(range(k + n, len(full))))
+    values = run("broadcast_to", [values], {"shape": shape + rest_shape})
+    rows = run("reshape", [values], {"shape": [linear.shape[0]] + rest_shape})
+    if accumulate:
+        out = run("index_add", [x, linear, rows], {"dim": 0})
+    else:
+        idx = run("reshape", [linear], {"shape": [linear.shape[0]] + [1] * len(rest_shape)})
+        idx = run("broadcast_to", [idx], {"shape": [linear.shape[0]] + rest_shape})
+        out = run("scatter", [x, idx, rows], {"dim": 0})
+    # Undo the move to the front.
+    out = out.reshape([self.shape[d] for d in dims] + rest_shape)
+    order = dims + rest
+    inverse = [order.index(d) for d in range(self.ndim)]
+    return out.permute(inverse).contiguous()
+
+
+# ---- Scatters into views: a copy of the input with a view overwritten. ----
+
+
+def _scatter_into_view(self, src, select):
+    out = self.clone()
+    select(out).copy_(src)
+    return out
+
+
+@kernel("slice_scatter")
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    return _scatter_into_view(self, src, lambda t: torch.ops.aten.slice(t, dim, start, end, step))
+
+
+@kernel("select_scatter")
+def select_scatter(self, src, dim, index):
+    return _scatter_into_view(self, src, lambda t: t.select(dim, index))
+
+
+@kernel("diagonal_scatter")
+def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    return _scatter_into_view(self, src, lambda t: t.diagonal(offset, dim1, dim2))
+
+
+@kernel("as_strided_scatter")
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    return _scatter_into_view(self, src, lambda t: t.as_strided(size, stride, storage_offset))

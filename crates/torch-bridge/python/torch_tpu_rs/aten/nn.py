@@ -1,0 +1,367 @@
+"""Matrix products, convolutions, normalisation, pooling, losses, dropout
+and attention. Backward kernels run the tpu-rs op's own backward rule
+(``_C.vjp``), so forward and backward agree by construction."""
+
+import torch
+
+from .. import _C
+from .elementwise import run
+from .registry import kernel
+
+
+# ---- Matrix products. ----
+
+
+@kernel("mm", "bmm")
+def mm(self, other):
+    return run("matmul", [self, other], None, torch.result_type(self, other))
+
+
+@kernel("mv", "dot", "vdot")
+def mv(self, other):
+    return mm(self, other)
+
+
+def _scaled(x, factor):
+    return x if factor == 1 else run("mul", [x, factor], None, x.dtype)
+
+
+@kernel("addmm", "baddbmm", "addmv")
+def addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    product = _scaled(mm(mat1, mat2), alpha)
+    if beta == 0:
+        return product
+    return run("add", [_scaled(self, beta), product], None, product.dtype)
+
+
+# ---- Convolutions. ----
+
+
+def _conv_op(weight, transposed):
+    if transposed:
+        raise NotImplementedError(
+            "aten::convolution with transposed=True is not implemented for the tpu device"
+        )
+    spatial = weight.ndim - 2
+    if spatial not in (1, 2):
+        raise NotImplementedError(
+            f"aten::convolution with {spatial} spatial dims is not implemented for the tpu device"
+        )
+    return "conv1d" if spatial == 1 else "conv2d"
+
+
+def _conv_attrs(stride, padding, dilation, groups):
+    return {
+        "stride": list(stride),
+        "padding": list(padding),
+        "dilation": list(dilation),
+        "groups": int(groups),
+    }
+
+
+@kernel("convolution")
+def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    op = _conv_op(weight, transposed)
+    inputs = [input, weight] + ([bias] if bias is not None else [])
+    return run(op, inputs, _conv_attrs(stride, padding, dilation, groups))
+
+
+@kernel("convolution_backward")
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+    output_padding, groups, output_mask,
+):
+    op = _conv_op(weight, transposed)
+    grads = _C.vjp(op, [input, weight], [grad_output], _conv_attrs(stride, padding, dilation, groups))
+    grad_input = grads[0] if output_mask[0] else None
+    grad_weight = grads[1] if output_mask[1] else None
+    grad_bias = None
+    if output_mask[2]:
+        dims = [0] + list(range(2, grad_output.ndim))
+        grad_bias = run("sum", [grad_output], {"dims": dims, "keepdim": False})
+    return grad_input, grad_weight, grad_bias
+
+
+# ---- Normalisation. ----
+
+
+def _norm_stats(x, dims, eps):
+    mean = run("mean", [x], {"dims": dims, "keepdim": True})
+    var = run("var", [x], {"dims": dims, "keepdim": True, "correction": 0.0})
+    rstd = run("rsqrt", [run("add", [var, float(eps)], None, var.dtype)])
+    return mean, rstd
+
+
+@kernel("native_layer_norm")
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    k = len(normalized_shape)
+    inputs, attrs = _layer_norm_args(input, weight, bias, k, eps)
+    out = run("layer_norm", inputs, attrs)
+    dims = list(range(input.ndim - k, input.ndim))
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    mean, rstd = _norm_stats(_as(input, compute), dims, eps)
+    return out, mean, rstd
+
+
+def _layer_norm_args(input, weight, bias, k, eps):
+    if weight is None and bias is not None:
+        weight = run("full", [], {"shape": list(bias.shape), "dtype": bias.dtype, "value": 1.0})
+    inputs = [input] + [t for t in (weight, bias) if t is not None]
+    return inputs, {"normalized_dims": k, "eps": float(eps)}
+
+
+@kernel("native_layer_norm_backward")
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    # With xhat = (x - mean) * rstd and gy = g * weight:
+    # dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat)) over the
+    # normalised dims; dweight = sum(g * xhat), dbias = sum(g) over the rest.
+    k = len(normalized_shape)
+    norm_dims = list(range(input.ndim - k, input.ndim))
+    batch_dims = list(range(input.ndim - k))
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    x, g = _as(input, compute), _as(grad_out, compute)
+    xhat = run("mul", [run("sub", [x, _as(mean, compute)]), _as(rstd, compute)])
+    gy = g if weight is None else run("mul", [g, _as(weight, compute)])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        m1 = run("mean", [gy], {"dims": norm_dims, "keepdim": True})
+        m2 = run("mean", [run("mul", [gy, xhat])], {"dims": norm_dims, "keepdim": True})
+        inner = run("sub", [run("sub", [gy, m1]), run("mul", [xhat, m2])])
+        grad_input = _as(run("mul", [inner, _as(rstd, compute)]), input.dtype)
+    if output_mask[1] and weight is not None:
+        gw = run("sum", [run("mul", [g, xhat])], {"dims": batch_dims, "keepdim": False})
+        grad_weight = _as(gw, weight.dtype)
+    if output_mask[2] and bias is not None:
+        grad_bias = _as(run("sum", [g], {"dims": batch_dims, "keepdim": False}), bias.dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+def _as(x, dtype):
+    return x if x.dtype == dtype else run("cast", [x], {"dtype": dtype})
+
+
+def _batch_norm_train_stats(input, eps):
+    dims = [0] + list(range(2, input.ndim))
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    x = _as(input, compute)
+    mean = run("mean", [x], {"dims": dims, "keepdim": False})
+    var = run("var", [x], {"dims": dims, "keepdim": False, "correction": 0.0})
+    return mean, run("rsqrt", [run("add", [var, float(eps)])])
+
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    c = input.shape[1]
+    ones = lambda: run("full", [], {"shape": [c], "dtype": input.dtype, "value": 1.0})
+    zeros = lambda: run("full", [], {"shape": [c], "dtype": input.dtype, "value": 0.0})
+    has_stats = running_mean is not None and running_var is not None
+    rm = running_mean if has_stats else zeros()
+    rv = running_var if has_stats else ones()
+    inputs = [input, weight if weight is not None else ones(), bias if bias is not None else zeros(), rm, rv]
+    out, new_mean, new_var = _C.run(
+        "batch_norm", inputs, {"training": bool(training), "momentum": float(momentum), "eps": float(eps)}
+    )
+    if training and has_stats:
+        running_mean.copy_(new_mean)
+        running_var.copy_(new_var)
+    if training:
+        save_mean, save_invstd = _batch_norm_train_stats(input, eps)
+    else:
+        save_mean = rm
+        save_invstd = run("rsqrt", [run("add", [rv, float(eps)], None, rv.dtype)])
+    return out, save_mean, save_invstd
+
+
+@kernel("native_batch_norm", "_native_batch_norm_legit")
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@kernel("_native_batch_norm_legit.no_stats")
+def native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(input, weight, bias, None, None, True, momentum, eps)
+
+
+@kernel("_native_batch_norm_legit_no_training")
+def native_batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)
+
+
+@kernel("native_batch_norm_backward")
+def native_batch_norm_backward(
+    grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask,
+):
+    # Per channel, over dims (0, 2, ...): with xhat = (x - mean) * invstd and
+    # gy = g * weight, training gives
+    # dx = invstd * (gy - mean(gy) - xhat * mean(gy * xhat)), evaluation
+    # dx = gy * invstd (the statistics are constants).
+    dims = [0] + list(range(2, input.ndim))
+    shape = [1, input.shape[1]] + [1] * (input.ndim - 2)
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    per_channel = lambda t: run("reshape", [_as(t, compute)], {"shape": shape})
+    if not train:
+        save_mean = running_mean
+        save_invstd = run("rsqrt", [run("add", [_as(running_var, compute), float(eps)])])
+    x, g = _as(input, compute), _as(grad_out, compute)
+    invstd = per_channel(save_invstd)
+    xhat = run("mul", [run("sub", [x, per_channel(save_mean)]), invstd])
+    gy = g if weight is None else run("mul", [g, per_channel(weight)])
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        if train:
+            m1 = run("mean", [gy], {"dims": dims, "keepdim": True})
+            m2 = run("mean", [run("mul", [gy, xhat])], {"dims": dims, "keepdim": True})
+            gy = run("sub", [run("sub", [gy, m1]), run("mul", [xhat, m2])])
+        grad_input = _as(run("mul", [gy, invstd]), input.dtype)
+    if output_mask[1] and weight is not None:
+        grad_weight = _as(run("sum", [run("mul", [g, xhat])], {"dims": dims, "keepdim": False}), weight.dtype)
+    if output_mask[2]:
+        grad_bias = _as(run("sum", [g], {"dims": dims, "keepdim": False}), input.dtype)
+    return grad_input, grad_weight, grad_bias
+
+
+# ---- Pooling. ----
+
+
+def _pool_attrs(kernel_size, stride, padding, dilation=None):
+    attrs = {"kernel_size": list(kernel_size), "stride": list(stride), "padding": list(padding)}
+    if dilation is not None:
+        attrs["dilation"] = list(dilation)
+    return attrs
+
+
+def _no_ceil(op, ceil_mode):
+    if ceil_mode:
+        raise NotImplementedError(f"aten::{op} with ceil_mode=True is not implemented for the tpu device")
+
+
+@kernel("max_pool2d_with_indices")
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    _no_ceil("max_pool2d_with_indices", ceil_mode)
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
+    kernel_size, padding, dilation = pair(kernel_size), pair(padding), pair(dilation)
+    stride = pair(stride) if stride else kernel_size
+    attrs = _pool_attrs(kernel_size, stride, padding, dilation)
+    out = run("max_pool2d", [self], attrs)
+    return out, _max_pool_indices(self, out, kernel_size, stride, padding, dilation)
+
+
+def _max_pool_indices(x, out, kernel_size, stride, padding, dilation):
+    """Where each window's maximum is, as ``h * W + w`` in the input plane
+    (the first in row-major window order, as PyTorch's kernels): one strided
+    slice of the padded input per kernel offset, compared with the best so
+    far."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    height, width = x.shape[-2:]
+    oh, ow = out.shape[-2:]
+    padded = torch.nn.functional.pad(x, (pw, pw, ph, ph), value=float("-inf"))
+    rows = torch.arange(oh, device=x.device) * sh - ph
+    cols = torch.arange(ow, device=x.device) * sw - pw
+    best = indices = None
+    for i in range(kh):
+        for j in range(kw):
+            window = padded[..., i * dh : i * dh + sh * (oh - 1) + 1 : sh, j * dw : j * dw + sw * (ow - 1) + 1 : sw]
+            position = (rows + i * dh)[:, None] * width + (cols + j * dw)[None, :]
+            if best is None:
+                best, indices = window, position.expand(window.shape)
+                continue
+            take = window > best
+            best = torch.where(take, window, best)
+            indices = torch.where(take, position, indices)
+    return indices.contiguous()
+
+
+@kernel("max_pool2d_with_indices_backward")
+def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    _no_ceil("max_pool2d_with_indices_backward", ceil_mode)
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)
+    attrs = _pool_attrs(pair(kernel_size), pair(stride) if stride else [], pair(padding), pair(dilation))
+    return _C.vjp("max_pool2d", [self], [grad_output], attrs)[0]
+
+
+def _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    _no_ceil("avg_pool2d", ceil_mode)
+    if divisor_override is not None:
+        raise NotImplementedError("aten::avg_pool2d with divisor_override is not implemented for the tpu device")
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)
+    attrs = _pool_attrs(pair(kernel_size), pair(stride) if stride else [], pair(padding))
+    attrs["count_include_pad"] = bool(count_include_pad)
+    return attrs
+
+
+@kernel("avg_pool2d")
+def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    return run("avg_pool2d", [self], _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override))
+
+
+@kernel("avg_pool2d_backward")
+def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    attrs = _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return _C.vjp("avg_pool2d", [self], [grad_output], attrs)[0]
+
+
+# ---- Embeddings and losses. ----
+
+
+@kernel("embedding_dense_backward")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if scale_grad_by_freq:
+        raise NotImplementedError(
+            "aten::embedding_dense_backward with scale_grad_by_freq=True is not implemented for the tpu device"
+        )
+    d = grad_output.shape[-1]
+    flat_idx = run("reshape", [indices], {"shape": [indices.numel()]})
+    rows = run("reshape", [grad_output], {"shape": [indices.numel(), d]})
+    if padding_idx >= 0:
+        keep = run("ne", [flat_idx, padding_idx], None, flat_idx.dtype)
+        keep = run("reshape", [run("cast", [keep], {"dtype": rows.dtype})], {"shape": [indices.numel(), 1]})
+        rows = run("mul", [rows, keep])
+    zeros = run("full", [], {"shape": [num_weights, d], "dtype": grad_output.dtype, "value": 0.0})
+    return run("index_add", [zeros, flat_idx, rows], {"dim": 0})
+
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _nll_args(weight, reduction, ignore_index):
+    if weight is not None:
+        raise NotImplementedError("aten::nll_loss with class weights is not implemented for the tpu device")
+    return {"reduction": _REDUCTIONS[int(reduction)], "ignore_index": int(ignore_index)}
+
+
+@kernel("nll_loss_forward", "nll_loss2d_forward")
+def nll_loss_forward(self, target, weight, reduction, ignore_index):
+    out = run("nll_loss", [self, target], _nll_args(weight, reduction, ignore_index))
+    counted = run("ne", [target, ignore_index], None, target.dtype)
+    total = run("sum", [run("cast", [counted], {"dtype": self.dtype})], {"dims": list(range(target.ndim)), "keepdim": False})
+    return out, total
+
+
+@kernel("nll_loss_backward", "nll_loss2d_backward")
+def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    return _C.vjp("nll_loss", [self, target], [grad_output], _nll_args(weight, reduction, ignore_index))[0]
+
+
+# ---- Dropout. ----
+
+
+@kernel("native_dropout")
+def native_dropout(input, p, train):
+    if not train or p == 0:
+        return input.clone(), run("full", [], {"shape": list(input.shape), "dtype": torch.bool, "value": 1.0})
+    mask = torch.empty(input.shape, dtype=torch.bool, device=input.device)
+    _C.fill_random("bernoulli", mask, {"p": 1.0 - float(p)})
+    scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+    return run("mul", [run("mul", [input, mask], None, input.dtype), scale], None, input.dtype), mask
+
+
+@kernel("native_dropout_backward")
+def native_dropout_backward(grad_output, mask, scale):
+    return run("mul", [run("mul", [grad_output, mask], None, grad_output.dtype), scale], None, grad_output.dtype)
+
+
+# ---- Attention: PyTorch's math path, in ops the device has. ----
+
+
+@kernel("_fused_sdp_choice", derive=False)
+def _fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    return 0  # SDPBackend.math

@@ -1,0 +1,246 @@
+"""How aten kernels for the ``tpu`` device are registered.
+
+Each kernel is written once, in its functional form; the in-place
+(``add_``) and ``out=`` (``add.out``) forms are derived from it: they run the
+functional kernel and write the result into the destination tensor (a
+functional write: the destination's storage is rebound, so every alias sees
+it). Ops without a kernel reach :func:`fallback`, which tries PyTorch's own
+decomposition into ops that have one, then an opt-in CPU fallback, and
+otherwise raises ``NotImplementedError`` naming the op.
+"""
+
+import os
+import threading
+import warnings
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+
+from .. import _C
+
+aten = torch.ops.aten
+KEY = "PrivateUse1"
+
+_lib = torch.library.Library("aten", "IMPL")
+_fallback_lib = torch.library.Library("_", "IMPL")
+
+#: overload name ("add.Tensor") -> how it is implemented: "kernel",
+#: "inplace", "out" or "view".
+REGISTERED: dict[str, str] = {}
+
+_META = DispatchKeySet(DispatchKey.Meta)
+
+
+def _overload(name):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(aten, packet), overload or "default")
+
+
+def _register(name, fn, how):
+    if name.endswith(".default"):
+        name = name[: -len(".default")]
+    if name in REGISTERED:
+        return
+    qualified = "aten::" + name.split(".")[0]
+    overload = name.split(".")[1] if "." in name else ""
+    if torch._C._dispatch_has_kernel_for_dispatch_key(
+        qualified + ("." + overload if overload else ""), "CompositeImplicitAutograd"
+    ):
+        # PyTorch decomposes it (and differentiates the parts) before a
+        # backend kernel could run; a kernel here would bypass autograd.
+        return
+    _lib.impl(name, fn, KEY)
+    REGISTERED[name] = how
+
+
+def _derived(functional):
+    """The in-place and out= overloads matching ``functional``'s arguments."""
+    op = _overload(functional)
+    packet_name, _, overload = functional.partition(".")
+    overload = "" if overload == "default" else overload
+    args = [a.name for a in op._schema.arguments]
+    found = []
+    inplace = getattr(aten, packet_name + "_", None)
+    if inplace is not None and (overload or "default") in inplace.overloads():
+        name = f"{packet_name}_.{overload}" if overload else packet_name + "_"
+        found.append((name, None))
+    packet = getattr(aten, packet_name)
+    for name in packet.overloads():
+        schema = getattr(packet, name)._schema
+        outs = [a.name for a in schema.arguments if a.is_out]
+        if outs and [a.name for a in schema.arguments if not a.is_out] == args:
+            found.append((f"{packet_name}.{name}", outs))
+    return found
+
+
+def _store(dst, value):
+    if dst.shape != value.shape:
+        # out= tensors may come with the wrong shape: PyTorch resizes them.
+        dst.resize_(value.shape)
+    _C.copy_into(dst, value)
+    return dst
+
+
+def _inplace(fn):
+    def kernel(self, *args, **kwargs):
+        _C.copy_into(self, fn(self, *args, **kwargs))
+        return self
+
+    return kernel
+
+
+def _out(fn, out_names):
+    def kernel(*args, **kwargs):
+        outs = [kwargs.pop(k) for k in out_names]
+        result = fn(*args, **kwargs)
+        if len(outs) == 1:
+            return _store(outs[0], result)
+        return tuple(_store(o, r) for o, r in zip(outs, result))
+
+    return kernel
+
+
+def kernel(*names, derive=True):
+    """Registers a functional kernel for ``names`` (and their in-place and
+    out= forms, unless ``derive`` is false)."""
+
+    def register(fn):
+        for name in names:
+            _register(name, fn, "kernel")
+            if not derive:
+                continue
+            for derived, out_names in _derived(name):
+                if out_names is None:
+                    _register(derived, _inplace(fn), "inplace")
+                else:
+                    _register(derived, _out(fn, out_names), "out")
+        return fn
+
+    return register
+
+
+def raw(*names):
+    """Registers ``fn`` for ``names`` exactly as written (in-place ops that
+    are not derived from a functional kernel, creation ops)."""
+
+    def register(fn):
+        for name in names:
+            _register(name, fn, "kernel")
+        return fn
+
+    return register
+
+
+def view(*names):
+    """Registers view ops: their Meta kernels compute the new sizes, strides
+    and offset and alias the same storage, which is all a view is."""
+    for name in names:
+        op = _overload(name)
+
+        def kernel(*args, _op=op, **kwargs):
+            return _op.redispatch(_META, *args, **kwargs)
+
+        _register(name, kernel, "view")
+
+
+# ---- Ops without a kernel. ----
+
+_decompositions = None
+_warned: set[str] = set()
+_decomposing = threading.local()
+
+
+def _decomposition(op):
+    """PyTorch's decomposition of ``op`` into other aten ops. Some lower to
+    prims that come back to ``op`` itself; :func:`fallback` does not
+    decompose an op inside its own decomposition."""
+    global _decompositions
+    if _decompositions is None:
+        from torch._decomp import decomposition_table
+
+        _decompositions = decomposition_table
+    return _decompositions.get(op)
+
+
+def cpu_fallback_enabled():
+    return os.environ.get("TORCH_TPU_CPU_FALLBACK", "0") == "1"
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+        return x.cpu()
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_cpu(v) for v in x)
+    return x
+
+
+def _to_tpu(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return x.to("tpu")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_tpu(v) for v in x)
+    return x
+
+
+def _cpu_fallback(op, args, kwargs):
+    name = str(op)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"{name} has no tpu kernel; running it on the CPU (TORCH_TPU_CPU_FALLBACK=1)",
+            stacklevel=3,
+        )
+    cpu_args, cpu_kwargs = _to_cpu(args), _to_cpu(kwargs)
+    result = op(*cpu_args, **cpu_kwargs)
+    # Mutated arguments (in-place self, out=) are written back, and returned
+    # as themselves.
+    written = {}
+    for i, schema_arg in enumerate(op._schema.arguments):
+        if schema_arg.alias_info is None or not schema_arg.alias_info.is_write:
+            continue
+        arg, cpu_arg = (args[i], cpu_args[i]) if i < len(args) else (
+            kwargs.get(schema_arg.name), cpu_kwargs.get(schema_arg.name))
+        if isinstance(arg, torch.Tensor) and arg.device.type == "tpu":
+            if arg.shape != cpu_arg.shape:
+                arg.resize_(cpu_arg.shape)
+            _C.copy_into(arg, cpu_arg)
+            written[id(cpu_arg)] = arg
+    if isinstance(result, torch.Tensor) and id(result) in written:
+        return written[id(result)]
+    if isinstance(result, tuple):
+        return tuple(written.get(id(r)) or _to_tpu(r) for r in result)
+    return _to_tpu(result)
+
+
+class _Circular(Exception):
+    """A decomposition came back to the op it decomposes."""
+
+
+def fallback(op, *args, **kwargs):
+    active = getattr(_decomposing, "ops", None)
+    if active is None:
+        active = _decomposing.ops = set()
+    if op in active:
+        raise _Circular(op)
+    decomposition = _decomposition(op)
+    if decomposition is not None:
+        active.add(op)
+        try:
+            result = decomposition(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        except _Circular:
+            pass
+        finally:
+            active.discard(op)
+    if cpu_fallback_enabled():
+        return _cpu_fallback(op, args, kwargs)
+    raise NotImplementedError(
+        f"{op} is not implemented for the tpu device (torch_tpu_rs); "
+        "set TORCH_TPU_CPU_FALLBACK=1 to run unsupported ops on the CPU"
+    )
+
+
+_fallback_lib.fallback(fallback, KEY)

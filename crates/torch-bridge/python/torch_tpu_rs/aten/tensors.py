@@ -1,0 +1,107 @@
+"""Tensors themselves: allocation, copies between devices, views, resizing
+and reading single values."""
+
+import math
+
+import torch
+
+from .. import _C
+from .registry import aten, raw, view
+
+view(
+    "view",
+    "_unsafe_view",
+    "as_strided",
+    "_reshape_alias",
+    "unfold",
+    "set_.source_Tensor",
+    "set_.source_Storage_storage_offset",
+)
+
+
+def _storage_numel(size, stride):
+    if any(s == 0 for s in size):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+def _dtype(dtype):
+    return torch.get_default_dtype() if dtype is None else dtype
+
+
+@raw("empty.memory_format")
+def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _C.empty(list(size), _dtype(dtype))
+
+
+@raw("empty_strided")
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    size, stride = list(size), list(stride)
+    base = _C.empty([_storage_numel(size, stride)], _dtype(dtype))
+    return base.as_strided(size, stride)
+
+
+@raw("resize_")
+def resize_(self, size, *, memory_format=None):
+    size = list(size)
+    if list(self.shape) == size:
+        return self
+    if math.prod(size) == self.numel() and self.is_contiguous():
+        # Same elements, new shape: keep the data.
+        return self.set_(self.view(size))
+    # New elements (out= tensors PyTorch made empty): a fresh storage.
+    return self.set_(_C.empty(size, self.dtype))
+
+
+@raw("copy_")
+def copy_(self, src, non_blocking=False):
+    if self.device.type == "tpu":
+        _C.copy_into(self, src)
+    else:
+        # tpu -> cpu: download, then let the CPU copy cast and broadcast.
+        self.copy_(_C.to_cpu(src))
+    return self
+
+
+@raw("_copy_from")
+def _copy_from(self, dst, non_blocking=False):
+    return copy_(dst, self, non_blocking)
+
+
+@raw("_copy_from_and_resize")
+def _copy_from_and_resize(self, dst):
+    if dst.shape != self.shape:
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+@raw("_local_scalar_dense")
+def _local_scalar_dense(self):
+    return _C.to_cpu(self).item()
+
+
+@raw("fill_.Scalar", "fill_.Tensor")
+def fill_(self, value):
+    _C.copy_into(self, value)
+    return self
+
+
+@raw("zero_")
+def zero_(self):
+    _C.copy_into(self, 0)
+    return self
+
+
+# `module.to("tpu")` swaps each parameter's data in place (`param.data =`)
+# only when PyTorch deems the two tensors' kinds compatible, and its list
+# of such backends does not name PrivateUse1; without this, every parameter
+# becomes a new object and weights tied between modules come apart. Dense
+# CPU and tpu tensors share one TensorImpl kind.
+_autograd_lib = torch.library.Library("aten", "IMPL")
+
+
+def _has_compatible_shallow_copy_type(self, from_):
+    return self.layout == torch.strided and from_.layout == torch.strided
+
+
+_autograd_lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "AutogradPrivateUse1")

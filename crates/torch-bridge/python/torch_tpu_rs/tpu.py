@@ -1,0 +1,207 @@
+"""``torch.tpu``: the device module, as ``torch.cuda`` is for CUDA."""
+
+import contextlib
+import enum
+from dataclasses import dataclass
+
+from . import _C
+
+__all__ = [
+    "EagerMode",
+    "current_device",
+    "device_count",
+    "eager_mode",
+    "get_device_name",
+    "get_device_properties",
+    "initial_seed",
+    "is_available",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "memory_allocated",
+    "memory_stats",
+    "metrics",
+    "reset_peak_memory_stats",
+    "seed",
+    "set_device",
+    "set_eager_mode",
+    "synchronize",
+]
+
+
+class EagerMode(enum.Enum):
+    """How ops on tpu tensors run."""
+
+    #: One compiled op at a time, asynchronous.
+    STRICT = "strict"
+    #: Strict, blocking on every op (``TORCH_TPU_LAUNCH_BLOCKING=1``).
+    DEBUG = "debug"
+    #: Ops are recorded and compiled as fused graphs when a value is needed
+    #: (``TORCH_TPU_DEFER_AND_FUSE=1``).
+    DEFER_AND_FUSE = "defer_and_fuse"
+
+
+def is_available():
+    """True when a PJRT plugin loads and has at least one device."""
+    return _C.device_count() > 0
+
+
+def is_initialized():
+    return True
+
+
+def _is_in_bad_fork():
+    return False
+
+
+def device_count():
+    """Number of tpu devices (0 when no plugin loads)."""
+    return _C.device_count()
+
+
+def current_device():
+    return 0
+
+
+def set_device(device):
+    index = device.index if hasattr(device, "index") else int(device)
+    if index not in (None, 0):
+        raise ValueError(f"tpu:{index}: the PyTorch bridge drives tpu:0 only")
+
+
+def synchronize(device=None):
+    """Waits for every pending op (and runs deferred graphs)."""
+    _C.synchronize()
+
+
+def manual_seed(seed):
+    """Seeds the tpu generator."""
+    _C.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def manual_seed_all(seed):
+    manual_seed(seed)
+
+
+def seed():
+    import random
+
+    manual_seed(random.getrandbits(63))
+
+
+def initial_seed():
+    return _C.initial_seed()
+
+
+def get_rng_state(device="tpu"):
+    import torch
+
+    return torch.tensor([_C.initial_seed()], dtype=torch.int64)
+
+
+def set_rng_state(state, device="tpu"):
+    manual_seed(int(state[0]))
+
+
+def get_device_name(device=None):
+    """The platform's name for the device kind (e.g. ``cpu`` for the XLA CPU
+    plugin, ``TPU v5 lite`` on a TPU)."""
+    return _C.device_name(_index(device))
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What the runtime reports about one device."""
+
+    name: str
+    platform: str
+    description: str
+    total_memory: int
+
+
+def get_device_properties(device=None):
+    index = _index(device)
+    stats = _C.memory_stats(index)
+    return DeviceProperties(
+        name=_C.device_name(index),
+        platform=_C.platform(),
+        description=_C.describe(index),
+        total_memory=stats.get("device_bytes_limit") or 0,
+    )
+
+
+def memory_stats(device=None):
+    """Device memory counters: ``allocated_bytes`` and ``peak_allocated_bytes``
+    (tpu-rs buffers), plus the plugin's own figures where it reports them."""
+    return dict(_C.memory_stats(_index(device)))
+
+
+def memory_allocated(device=None):
+    """Bytes held in tpu buffers now."""
+    return memory_stats(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device=None):
+    """The most bytes held at once since start or the last reset."""
+    return memory_stats(device)["peak_allocated_bytes"]
+
+
+def reset_peak_memory_stats(device=None):
+    _C.reset_peak_memory_stats()
+
+
+def metrics():
+    """Runtime counters: ``compiles``, ``cache_hits``, ``executions``,
+    ``graphs_cut`` (and ``graphs_cut_by_reason``), ``live_bytes``,
+    ``peak_bytes``."""
+    return dict(_C.metrics())
+
+
+def eager_mode():
+    """The eager mode in force."""
+    return EagerMode(_C.eager_mode())
+
+
+class _ModeScope(contextlib.AbstractContextManager):
+    def __init__(self, previous):
+        self._previous = previous
+
+    def __exit__(self, *exc):
+        _C.set_eager_mode(self._previous.value)
+        return False
+
+
+def set_eager_mode(mode):
+    """Switches the eager mode (pending work runs first). Used as a context
+    manager, the previous mode comes back on exit::
+
+        with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            train_step()
+    """
+    mode = EagerMode(mode.value if isinstance(mode, EagerMode) else str(mode).lower())
+    previous = eager_mode()
+    _C.set_eager_mode(mode.value)
+    return _ModeScope(previous)
+
+
+# Autocast: the dtypes torch.amp.autocast("tpu") accepts.
+def get_amp_supported_dtype():
+    import torch
+
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation=True):
+    return True
+
+
+def _index(device):
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None and isinstance(device, str):
+        _, _, tail = device.partition(":")
+        index = int(tail) if tail else 0
+    return index or 0

@@ -1,0 +1,119 @@
+//! What `torch.tpu` reports: devices, memory, metrics and the eager mode.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tpu_core::Runtime;
+use tpu_core::policy::EagerMode;
+
+use crate::error::{BridgeError, Result};
+use crate::kernels;
+
+fn runtime() -> Result<&'static Runtime> {
+    Ok(Runtime::global()?)
+}
+
+/// Number of `tpu` devices (0 when no plugin loads).
+#[pyfunction]
+pub fn device_count() -> usize {
+    Runtime::global().map_or(0, |r| r.client().device_count())
+}
+
+/// Why the runtime cannot start, or `None` when it can.
+#[pyfunction]
+pub fn unavailable_reason() -> Option<String> {
+    Runtime::global().err().map(|e| e.to_string())
+}
+
+/// The platform and device kind of device `index` (`"cpu"`, `"TPU v5 lite"`).
+#[pyfunction]
+pub fn device_name(index: usize) -> PyResult<String> {
+    let r = runtime()?;
+    let devices = r.client().devices();
+    let d = devices.get(index).ok_or_else(|| {
+        BridgeError::Core(tpu_core::Error::DeviceOutOfRange {
+            index,
+            count: devices.len(),
+            platform: r.client().platform_name().to_string(),
+        })
+    })?;
+    Ok(d.kind.clone())
+}
+
+/// A one-line description naming the plugin and platform.
+#[pyfunction]
+pub fn describe(index: usize) -> PyResult<String> {
+    Ok(runtime()?.describe(index).map_err(BridgeError::from)?)
+}
+
+/// The platform name of the plugin (`cpu`, `tpu`).
+#[pyfunction]
+pub fn platform() -> PyResult<String> {
+    Ok(runtime()?.client().platform_name().to_string())
+}
+
+/// Device memory of `index`: bytes in use, peak, limit, as the plugin
+/// reports them, plus the bytes tpu-rs buffers hold now and at peak.
+#[pyfunction]
+pub fn memory_stats(py: Python<'_>, index: usize) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    let m = tpu_core::metrics::metrics();
+    out.set_item("allocated_bytes", m.live_device_bytes)?;
+    out.set_item("peak_allocated_bytes", m.peak_device_bytes)?;
+    if let Some(stats) = runtime()?
+        .client()
+        .memory_stats(index)
+        .map_err(BridgeError::from)?
+    {
+        out.set_item("device_bytes_in_use", stats.bytes_in_use)?;
+        out.set_item("device_peak_bytes_in_use", stats.peak_bytes_in_use)?;
+        out.set_item("device_bytes_limit", stats.bytes_limit)?;
+    }
+    Ok(out)
+}
+
+/// Restarts the peak of allocated bytes at the current value.
+#[pyfunction]
+pub fn reset_peak_memory_stats() {
+    tpu_core::metrics::reset_peak_device_bytes();
+}
+
+/// The runtime's counters: compiles, cache hits, executions, graphs cut
+/// (total and by reason), live and peak device bytes.
+#[pyfunction]
+pub fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let m = tpu_core::metrics::metrics();
+    let out = PyDict::new(py);
+    out.set_item("compiles", m.compiles)?;
+    out.set_item("cache_hits", m.cache_hits)?;
+    out.set_item("disk_cache_hits", m.disk_hits)?;
+    out.set_item("compile_seconds", m.compile_time.as_secs_f64())?;
+    out.set_item("executions", m.executions)?;
+    out.set_item("graphs_cut", m.total_cuts())?;
+    let by_reason = PyDict::new(py);
+    for (reason, n) in &m.graphs_cut {
+        by_reason.set_item(reason.name(), n)?;
+    }
+    out.set_item("graphs_cut_by_reason", by_reason)?;
+    out.set_item("live_bytes", m.live_device_bytes)?;
+    out.set_item("peak_bytes", m.peak_device_bytes)?;
+    Ok(out)
+}
+
+/// The eager mode in force: `strict`, `debug` or `defer_and_fuse`.
+#[pyfunction]
+pub fn eager_mode() -> PyResult<&'static str> {
+    Ok(kernels::mode()?.name())
+}
+
+/// Switches the eager mode (pending work runs first).
+#[pyfunction]
+pub fn set_eager_mode(mode: &str) -> PyResult<()> {
+    let mode: EagerMode = mode.parse().map_err(BridgeError::from)?;
+    Ok(kernels::set_mode(mode)?)
+}
+
+/// Runs everything pending on the device.
+#[pyfunction]
+pub fn synchronize() -> PyResult<()> {
+    Ok(kernels::synchronize()?)
+}

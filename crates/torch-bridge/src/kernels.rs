@@ -1,0 +1,122 @@
+//! Thin calls into the tpu-rs dispatcher, with the bridge's execution
+//! policy in force.
+//!
+//! The policy is process-wide here, not per thread: PyTorch runs backward
+//! passes on its own threads, and they must record into the same deferred
+//! graph as the forward pass.
+
+use std::sync::{Arc, Mutex};
+
+use tpu_core::op::Attrs;
+use tpu_core::policy::{self, EagerMode, EagerModeGuard, ExecutionPolicy};
+use tpu_core::{DType, Device, Tensor};
+
+use crate::error::{BridgeError, Result};
+
+static POLICY: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
+
+fn create(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
+    tpu_eager::link();
+    let factory = inventory::iter::<policy::PolicyFactory>
+        .into_iter()
+        .find(|f| f.mode == mode)
+        .ok_or_else(|| BridgeError::internal(format!("no `{mode}` policy linked in")))?;
+    Ok((factory.create)())
+}
+
+/// The policy in force (created from the environment on first use).
+pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
+    let mut slot = POLICY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = slot.as_ref() {
+        return Ok(p.clone());
+    }
+    let instance = create(mode_from_env()?)?;
+    *slot = Some(instance.clone());
+    Ok(instance)
+}
+
+/// The mode TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
+/// is Debug, `TORCH_TPU_DEFER_AND_FUSE=1` is DeferAndFuse, else `TPU_RS_EAGER`.
+fn mode_from_env() -> Result<EagerMode> {
+    let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+    if on("TORCH_TPU_LAUNCH_BLOCKING") {
+        Ok(EagerMode::Debug)
+    } else if on("TORCH_TPU_DEFER_AND_FUSE") {
+        Ok(EagerMode::DeferAndFuse)
+    } else {
+        Ok(EagerMode::from_env()?)
+    }
+}
+
+/// The mode in force.
+pub fn mode() -> Result<EagerMode> {
+    Ok(current()?.mode())
+}
+
+/// Switches mode: pending work of the old policy runs first.
+pub fn set_mode(mode: EagerMode) -> Result<()> {
+    let old = current()?;
+    if old.mode() == mode {
+        return Ok(());
+    }
+    old.flush(tpu_core::metrics::CutReason::Sync)?;
+    let instance = create(mode)?;
+    *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance);
+    Ok(())
+}
+
+/// Runs everything pending.
+pub fn synchronize() -> Result<()> {
+    Ok(current()?.flush(tpu_core::metrics::CutReason::Sync)?)
+}
+
+/// Calls op `name` under the bridge's policy.
+pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Result<Vec<Tensor>> {
+    let _scope = EagerModeGuard::with_policy(current()?);
+    Ok(policy::call(
+        name,
+        inputs,
+        attrs,
+        Some(Device::Tpu(device)),
+    )?)
+}
+
+/// [`call`] of an op with one output, on its inputs' device.
+pub fn call1(name: &str, inputs: &[Tensor], attrs: &Attrs) -> Result<Tensor> {
+    let device = match inputs.first().map(Tensor::device) {
+        Some(Device::Tpu(d)) => d,
+        _ => 0,
+    };
+    call(name, inputs, attrs, device)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BridgeError::internal(format!("`{name}` returned nothing")))
+}
+
+/// A tensor of `shape` filled with `value`.
+pub fn full(dtype: DType, shape: &[usize], value: f64, device: usize) -> Result<Tensor> {
+    let attrs = Attrs::new()
+        .with("shape", shape)
+        .with("dtype", dtype)
+        .with("value", value);
+    call("full", &[], &attrs, device)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BridgeError::internal("`full` returned nothing"))
+}
+
+/// `x` in `dtype` (itself when it already is).
+pub fn cast(x: Tensor, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == dtype {
+        return Ok(x);
+    }
+    call1("cast", &[x], &Attrs::new().with("dtype", dtype))
+}
+
+/// `x` broadcast to `shape` (itself when it already has it).
+pub fn broadcast(x: Tensor, shape: &[usize]) -> Result<Tensor> {
+    if x.shape().dims() == shape {
+        return Ok(x);
+    }
+    call1("broadcast_to", &[x], &Attrs::new().with("shape", shape))
+}

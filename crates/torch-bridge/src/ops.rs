@@ -1,0 +1,165 @@
+//! The op entry points Python's aten kernels call: run an op, write results
+//! through views (in-place and `out=` forms), copy, and backward rules.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use tpu_core::Tensor;
+use tpu_core::autograd::GradTape;
+use tpu_ops::registry;
+
+use crate::args::{attrs, tensors};
+use crate::error::{BridgeError, Result};
+use crate::kernels::{broadcast, call, cast};
+use crate::storage::write;
+use crate::torch::{View, download, dtype_of, wrap};
+
+fn inputs<'py>(
+    values: &Bound<'py, PyList>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    cast_from: usize,
+) -> Result<(Vec<Tensor>, usize)> {
+    let dtype = dtype.map(dtype_of).transpose()?;
+    let values: Vec<Bound<'py, PyAny>> = values.iter().collect();
+    let (mut xs, device) = tensors(&values, dtype, cast_from)?;
+    if let Some(d) = dtype {
+        for x in xs.iter_mut().skip(cast_from) {
+            *x = cast(x.clone(), d)?;
+        }
+    }
+    Ok((xs, device))
+}
+
+/// Runs op `op` on `inputs` (tpu tensors, CPU tensors, numbers) and returns
+/// its outputs as new tpu tensors. With `dtype`, inputs from `cast_from`
+/// on are cast to it first (type promotion).
+#[pyfunction]
+#[pyo3(signature = (op, inputs, attrs=None, dtype=None, cast_from=0))]
+pub fn run<'py>(
+    py: Python<'py>,
+    op: &str,
+    inputs: &Bound<'py, PyList>,
+    attrs: Option<&Bound<'py, PyDict>>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    cast_from: usize,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let (xs, device) = self::inputs(inputs, dtype, cast_from)?;
+    let outs = call(op, &xs, &self::attrs(attrs)?, device)?;
+    Ok(outs
+        .into_iter()
+        .map(|t| wrap(py, t))
+        .collect::<Result<Vec<_>>>()?)
+}
+
+/// [`run`], writing output `i` into tpu tensor `outs[i]` (cast to its dtype
+/// and broadcast to its shape): the in-place and `out=` forms.
+#[pyfunction]
+#[pyo3(signature = (op, inputs, outs, attrs=None, dtype=None, cast_from=0))]
+pub fn run_into<'py>(
+    op: &str,
+    inputs: &Bound<'py, PyList>,
+    outs: &Bound<'py, PyList>,
+    attrs: Option<&Bound<'py, PyDict>>,
+    dtype: Option<&Bound<'py, PyAny>>,
+    cast_from: usize,
+) -> PyResult<()> {
+    let (xs, device) = self::inputs(inputs, dtype, cast_from)?;
+    let results = call(op, &xs, &self::attrs(attrs)?, device)?;
+    if results.len() < outs.len() {
+        return Err(BridgeError::internal(format!(
+            "`{op}` gave {} outputs for {} out tensors",
+            results.len(),
+            outs.len()
+        ))
+        .into());
+    }
+    for (out, value) in outs.iter().zip(results) {
+        store(&out, value)?;
+    }
+    Ok(())
+}
+
+/// Writes `value` into tpu tensor `dst` with copy semantics.
+fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
+    let view = View::of(dst)?
+        .ok_or_else(|| BridgeError::internal("an out tensor is not on the tpu device"))?;
+    let storage = view.storage.get();
+    let value = broadcast(cast(value, storage.dtype())?, &view.layout.size)?;
+    write(storage, &view.layout, value)
+}
+
+/// `dst.copy_(src)`: `src` is a tpu or CPU tensor (or number), cast to
+/// `dst`'s dtype and broadcast to its shape.
+#[pyfunction]
+pub fn copy_into(dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
+    let dtype = dtype_of(&dst.getattr("dtype")?)?;
+    let (xs, _) = tensors(std::slice::from_ref(src), Some(dtype), 0)?;
+    let value = xs
+        .into_iter()
+        .next()
+        .ok_or_else(|| BridgeError::internal("copy without a source"))?;
+    Ok(store(dst, value)?)
+}
+
+/// A CPU copy of tpu tensor `t` (contiguous).
+#[pyfunction]
+pub fn to_cpu<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let view = View::of(t)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
+    Ok(download(py, &view.read()?)?)
+}
+
+/// A tpu copy of CPU tensor `t` on device `device`.
+#[pyfunction]
+#[pyo3(signature = (t, device=0))]
+pub fn from_cpu<'py>(
+    py: Python<'py>,
+    t: &Bound<'py, PyAny>,
+    device: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(wrap(py, crate::torch::upload(t, device)?)?)
+}
+
+/// The gradients of op `op`'s inputs given its output gradients `grads`
+/// (one per output; `None` is zero), by the op's own backward rule. The
+/// forward is recomputed on the tape; `None` where an input gets none.
+#[pyfunction]
+#[pyo3(signature = (op, inputs, grads, attrs=None))]
+pub fn vjp<'py>(
+    py: Python<'py>,
+    op: &str,
+    inputs: &Bound<'py, PyList>,
+    grads: &Bound<'py, PyList>,
+    attrs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    let attrs = self::attrs(attrs)?;
+    let (xs, _) = self::inputs(inputs, None, 0)?;
+    let def = registry()
+        .and_then(|r| r.get(op))
+        .map_err(BridgeError::from)?;
+    let _scope = tpu_core::policy::EagerModeGuard::with_policy(crate::kernels::current()?);
+    let mut tape = GradTape::new();
+    let vars: Vec<_> = xs.into_iter().map(|x| tape.input(x)).collect();
+    let outputs = tape
+        .op(op, &vars, attrs.clone())
+        .map_err(BridgeError::from)?;
+    let mut gs = Vec::with_capacity(outputs.len());
+    let grads: Vec<Bound<'py, PyAny>> = grads.iter().collect();
+    for (i, &o) in outputs.iter().enumerate() {
+        let ty = tape.value(o).ty().clone();
+        let g = match grads.get(i).filter(|g| !g.is_none()) {
+            Some(g) => tensors(std::slice::from_ref(g), None, 0)?.0.remove(0),
+            None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, 0)?,
+        };
+        gs.push(tape.input(g));
+    }
+    let result = tape
+        .backward_rule(def, &attrs, &vars, &outputs, &gs)
+        .map_err(BridgeError::from)?;
+    result
+        .into_iter()
+        .map(|g| match g {
+            Some(v) => Ok(Some(wrap(py, tape.value(v).clone())?)),
+            None => Ok(None),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map_err(PyErr::from)
+}
