@@ -1,0 +1,109 @@
+"""torch.tpu: device queries, eager modes (scopes and the TorchTPU
+environment variables), metrics, memory, autocast and torch.compile."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch_tpu_rs
+from conftest import assert_close
+
+
+def test_device_queries():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert isinstance(torch.tpu.get_device_name(), str)
+    props = torch.tpu.get_device_properties(0)
+    assert "via PJRT plugin" in props.description
+    assert torch.device("tpu").type == "tpu"
+
+
+def test_eager_mode_scope_restores():
+    assert torch.tpu.eager_mode() == torch.tpu.EagerMode.STRICT
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert torch.tpu.eager_mode() == torch.tpu.EagerMode.DEFER_AND_FUSE
+        with torch.tpu.set_eager_mode("debug"):
+            assert torch.tpu.eager_mode() == torch.tpu.EagerMode.DEBUG
+        assert torch.tpu.eager_mode() == torch.tpu.EagerMode.DEFER_AND_FUSE
+    assert torch.tpu.eager_mode() == torch.tpu.EagerMode.STRICT
+    with pytest.raises(ValueError):
+        torch.tpu.set_eager_mode("eventually")
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [({}, "strict"), ({"TORCH_TPU_LAUNCH_BLOCKING": "1"}, "debug"), ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "defer_and_fuse")],
+)
+def test_environment_selects_the_mode(env, expected):
+    code = "import torch; print(torch.tpu.eager_mode().value)"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+
+
+def test_backend_autoload_can_be_turned_off():
+    code = "import torch; print(hasattr(torch, 'tpu'))"
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def _step(x, w):
+    return ((x @ w).tanh() * 2 + 1).sum(-1)
+
+
+def test_defer_and_fuse_fuses_and_counts():
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    tx, tw = x.to("tpu"), w.to("tpu")
+    _step(tx, tw).cpu()  # warm the strict path
+    before = torch.tpu.metrics()
+    strict = _step(tx, tw).cpu()
+    strict_runs = torch.tpu.metrics()["executions"] - before["executions"]
+    with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        before = torch.tpu.metrics()
+        fused = _step(tx, tw).cpu()
+        after = torch.tpu.metrics()
+    torch.testing.assert_close(fused, strict)
+    torch.testing.assert_close(fused, _step(x, w), atol=1e-5, rtol=1e-4)
+    assert after["executions"] - before["executions"] < strict_runs
+    assert after["graphs_cut"] > before["graphs_cut"]
+    assert after["graphs_cut_by_reason"]["host_read"] > before["graphs_cut_by_reason"]["host_read"]
+    assert set(torch_tpu_rs.metrics()) >= {"compiles", "cache_hits", "graphs_cut", "live_bytes", "peak_bytes"}
+
+
+def test_memory_counters_follow_tensors():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    t = torch.randn(256, 256).to("tpu")
+    assert torch.tpu.memory_allocated() >= before + 256 * 256 * 4
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del t
+    assert torch.tpu.memory_allocated() < before + 256 * 256 * 4
+
+
+def test_autocast_bf16():
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    with torch.amp.autocast("tpu", dtype=torch.bfloat16):
+        y = x.to("tpu") @ w.to("tpu")
+        s = y.float().softmax(-1)
+    assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
+    assert_close(y.float(), (x.bfloat16() @ w.bfloat16()).float(), atol=1e-2, rtol=1e-2)
+
+
+def test_torch_compile_backend():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    expected = model(x)
+    expected.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model.to("tpu"), backend="tpu_rs")
+    y = compiled(x.to("tpu"))
+    y.sum().backward()
+    assert_close(y, expected.detach())
+    for p, g in zip(model.parameters(), grads):
+        assert_close(p.grad, g)
+    assert torch.tpu.eager_mode() == torch.tpu.EagerMode.STRICT

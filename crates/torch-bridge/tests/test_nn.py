@@ -1,0 +1,129 @@
+"""nn layers forward and backward, and whole training runs, against the
+same modules on the CPU."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import assert_close
+
+
+def _compare_layer(layer, x, atol=1e-5):
+    tpu_layer = copy.deepcopy(layer).to("tpu")
+    x_cpu = x.clone().requires_grad_(x.is_floating_point())
+    x_tpu = x.to("tpu").requires_grad_(x.is_floating_point())
+    y_cpu, y_tpu = layer(x_cpu), tpu_layer(x_tpu)
+    assert_close(y_tpu, y_cpu, atol=atol)
+    weights = torch.randn(y_cpu.shape)
+    (y_cpu * weights).sum().backward()
+    (y_tpu * weights.to("tpu")).sum().backward()
+    if x.is_floating_point():
+        assert_close(x_tpu.grad, x_cpu.grad, atol=atol)
+    for (name, p), q in zip(layer.named_parameters(), tpu_layer.parameters()):
+        assert_close(q.grad, p.grad, atol=atol), name
+    for b, c in zip(layer.buffers(), tpu_layer.buffers()):
+        assert_close(c, b, atol=atol)
+
+
+def test_linear(mode):
+    _compare_layer(nn.Linear(7, 5), torch.randn(4, 3, 7))
+
+
+def test_conv2d(mode):
+    _compare_layer(nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.randn(2, 3, 9, 9), atol=1e-4)
+    _compare_layer(nn.Conv2d(4, 4, 3, groups=2, dilation=2, bias=False), torch.randn(1, 4, 8, 8), atol=1e-4)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm(mode, train):
+    bn = nn.BatchNorm2d(3)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.train(train)
+    _compare_layer(bn, torch.randn(4, 3, 5, 5), atol=1e-4)
+
+
+def test_layer_norm(mode):
+    _compare_layer(nn.LayerNorm(6), torch.randn(3, 4, 6))
+    _compare_layer(nn.LayerNorm([4, 6], elementwise_affine=False), torch.randn(3, 4, 6))
+
+
+def test_embedding(mode):
+    _compare_layer(nn.Embedding(10, 4, padding_idx=0), torch.tensor([[0, 3, 3], [9, 1, 0]]))
+
+
+def test_pooling_activations_and_losses(mode):
+    x = torch.randn(2, 3, 8, 8)
+    _compare_layer(nn.MaxPool2d(2), x)
+    _compare_layer(nn.MaxPool2d(3, stride=2, padding=1, dilation=1), x)
+    values, indices = F.max_pool2d(x.to("tpu"), 3, 2, 1, return_indices=True)
+    expected_values, expected_indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    assert_close(values, expected_values)
+    assert_close(indices, expected_indices)
+    _compare_layer(nn.AvgPool2d(3, stride=2, padding=1), x)
+    for act in (nn.ReLU(), nn.GELU(), nn.GELU("tanh"), nn.SiLU(), nn.Tanh(), nn.Sigmoid(), nn.Softmax(-1)):
+        _compare_layer(act, torch.randn(3, 5))
+    logits, target = torch.randn(6, 5, requires_grad=True), torch.tensor([0, 4, 2, 2, 1, -100])
+    t_logits = logits.detach().to("tpu").requires_grad_()
+    loss = F.cross_entropy(logits, target, ignore_index=-100)
+    t_loss = F.cross_entropy(t_logits, target.to("tpu"), ignore_index=-100)
+    assert_close(t_loss, loss)
+    loss.backward()
+    t_loss.backward()
+    assert_close(t_logits.grad, logits.grad)
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    assert_close(F.mse_loss(a.to("tpu"), b.to("tpu")), F.mse_loss(a, b))
+
+
+def test_dropout_keeps_expected_fraction():
+    x = torch.ones(20000, device="tpu")
+    y = F.dropout(x, 0.25, training=True).cpu()
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.75) < 0.02
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 1 / 0.75))
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(10, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 3))
+
+
+def _cnn():
+    return nn.Sequential(
+        # No bias before BatchNorm: its gradient is zero up to rounding, and
+        # Adam would amplify that rounding into full-size steps.
+        nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 2 * 2, 3),
+    )
+
+
+def _train(model, optimizer_cls, xs, ys, steps, device, **opt):
+    model = model.to(device)
+    optimizer = optimizer_cls(model.parameters(), **opt)
+    losses = []
+    for step in range(steps):
+        x, y = xs[step % len(xs)].to(device), ys[step % len(ys)].to(device)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("optimizer", [(torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}), (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1})], ids=["sgd", "adamw"])
+@pytest.mark.parametrize("net", ["mlp", "cnn"])
+def test_training_matches_cpu(mode, optimizer, net):
+    make, shape = (_mlp, (16, 10)) if net == "mlp" else (_cnn, (8, 1, 8, 8))
+    xs = [torch.randn(shape) for _ in range(3)]
+    ys = [torch.randint(0, 3, (shape[0],)) for _ in range(3)]
+    model = make()
+    cls, opt = optimizer
+    cpu_losses, cpu_model = _train(copy.deepcopy(model), cls, xs, ys, 8, "cpu", **opt)
+    tpu_losses, tpu_model = _train(copy.deepcopy(model), cls, xs, ys, 8, "tpu", **opt)
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), atol=1e-4, rtol=1e-4)
+    assert tpu_losses[-1] < tpu_losses[0]
+    for p, q in zip(cpu_model.parameters(), tpu_model.parameters()):
+        assert_close(q, p, atol=1e-4)

@@ -1,0 +1,190 @@
+"""Tensor basics on the tpu device: moving, creating, printing, views,
+in-place writes, indexing, out= forms, dtypes, errors and save/load."""
+
+import io
+import warnings
+
+import pytest
+import torch
+from conftest import assert_close
+
+
+def test_device_and_round_trip(mode):
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    assert t.device == torch.device("tpu:0")
+    assert t.is_floating_point() and t.shape == (3, 4)
+    assert torch.equal(t.cpu(), x)
+    assert torch.equal(x.tpu().cpu(), x)
+    assert torch.accelerator.current_accelerator().type == "tpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8])
+def test_dtypes_round_trip(dtype):
+    x = (torch.randn(5, 3) * 10).to(dtype)
+    assert torch.equal(x.to("tpu").cpu(), x)
+
+
+def test_factories(mode):
+    assert_close(torch.zeros(2, 3, device="tpu"), torch.zeros(2, 3))
+    assert_close(torch.ones(4, dtype=torch.int64, device="tpu"), torch.ones(4, dtype=torch.int64))
+    assert_close(torch.full((2, 2), 7.5, device="tpu"), torch.full((2, 2), 7.5))
+    assert_close(torch.arange(2, 11, 3, device="tpu"), torch.arange(2, 11, 3))
+    assert_close(torch.eye(3, device="tpu"), torch.eye(3))
+    assert torch.empty(5, device="tpu").shape == (5,)
+
+
+def test_item_and_printing():
+    t = torch.tensor([[1.5, -2.0], [3.0, 4.25]]).to("tpu")
+    assert t.sum().item() == pytest.approx(6.75)
+    text = repr(t)
+    assert "device='tpu:0'" in text and "4.2500" in text
+    assert str(torch.tensor(3).to("tpu")) == "tensor(3, device='tpu:0')"
+
+
+def test_elementwise_and_promotion(mode):
+    a, b = torch.randn(3, 4), torch.randn(4)
+    i = torch.arange(12).reshape(3, 4)
+    ta, tb, ti = a.to("tpu"), b.to("tpu"), i.to("tpu")
+    assert_close(ta + tb * 2 - 1, a + b * 2 - 1)
+    assert_close(ta / tb, a / b)
+    assert_close(ti / 4, i / 4)
+    assert_close(ti // 5, i // 5)
+    assert_close(ti % 5, i % 5)
+    assert_close(ti * 2.5, i * 2.5)
+    assert_close(torch.where(ta > 0, ta, tb), torch.where(a > 0, a, b))
+    assert_close(ta.exp().log1p().tanh().sigmoid(), a.exp().log1p().tanh().sigmoid())
+    assert_close(ta.clamp(-0.5, 0.5), a.clamp(-0.5, 0.5))
+    assert_close((ta > tb) & (ta < 1), (a > b) & (a < 1))
+    assert_close(ta.pow(2).sqrt(), a.pow(2).sqrt())
+
+
+def test_reductions(mode):
+    x = torch.randn(3, 4, 5)
+    t = x.to("tpu")
+    assert_close(t.sum(), x.sum())
+    assert_close(t.sum((0, 2), keepdim=True), x.sum((0, 2), keepdim=True))
+    assert_close(t.mean(-1), x.mean(-1))
+    assert_close(t.var(1), x.var(1))
+    assert_close(t.std(1, correction=0), x.std(1, correction=0))
+    assert_close(t.amax(2), x.amax(2))
+    values, indices = t.max(1)
+    assert_close(values, x.max(1).values)
+    assert_close(indices, x.max(1).indices)
+    assert_close(t.argmin(), x.argmin())
+    assert_close(t.softmax(-1), x.softmax(-1))
+    assert_close(t.log_softmax(0), x.log_softmax(0))
+    assert_close(t.logsumexp(1), x.logsumexp(1))
+    assert_close(t.cumsum(2), x.cumsum(2))
+    assert_close(torch.linalg.vector_norm(t), torch.linalg.vector_norm(x))
+
+
+def test_views_alias_storage(mode):
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    for f in (lambda v: v.t(), lambda v: v[:, 1:3], lambda v: v[1], lambda v: v.view(2, 6),
+              lambda v: v[::2, ::3], lambda v: v.permute(1, 0)[1:], lambda v: v.unsqueeze(0).expand(2, 3, 4)):
+        view = f(t)
+        assert view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        assert_close(view, f(x))
+
+
+def test_in_place_through_views(mode):
+    x = torch.zeros(4, 5)
+    t = x.to("tpu")
+    for f in (lambda v: v[1:3].add_(2), lambda v: v[:, 0].fill_(7), lambda v: v.t()[1].mul_(3),
+              lambda v: v[::2, 1::2].sub_(1), lambda v: v.view(20)[5:9].copy_(torch.arange(4.0))):
+        f(x)
+        f(t)
+        assert_close(t, x)
+    alias = t[2]
+    t.zero_()
+    assert_close(alias, torch.zeros(5))
+
+
+def test_indexing(mode):
+    x = torch.randn(5, 6)
+    t = x.to("tpu")
+    idx = torch.tensor([4, 0, -1])
+    assert_close(t[idx.to("tpu")], x[idx])
+    assert_close(t[:, idx.to("tpu")], x[:, idx])
+    assert_close(t[t > 0], x[x > 0])
+    assert_close(t[idx.to("tpu"), idx.to("tpu")], x[idx, idx])
+    assert_close(t.gather(1, torch.tensor([[0, 2]] * 5).to("tpu")), x.gather(1, torch.tensor([[0, 2]] * 5)))
+    x[idx] = 1.5
+    t[idx.to("tpu")] = 1.5
+    assert_close(t, x)
+    x[x < 0] = 0.0
+    t[t < 0] = 0.0
+    assert_close(t, x)
+    x.index_put_((torch.tensor([1, 1]),), torch.ones(2, 6), accumulate=True)
+    t.index_put_((torch.tensor([1, 1]).to("tpu"),), torch.ones(2, 6).to("tpu"), accumulate=True)
+    assert_close(t, x)
+
+
+def test_joins_and_sorts(mode):
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    assert_close(torch.cat([ta, tb]), torch.cat([a, b]))
+    assert_close(torch.stack([ta, ta], 1), torch.stack([a, a], 1))
+    assert_close(torch.sort(tb, 0).values, torch.sort(b, 0).values)
+    assert_close(torch.topk(tb.flatten(), 3).values, torch.topk(b.flatten(), 3).values)
+    assert_close(tb.flip(0).tril(), b.flip(0).tril())
+    assert_close(torch.nn.functional.pad(ta, (1, 2)), torch.nn.functional.pad(a, (1, 2)))
+
+
+def test_out_forms(mode):
+    a, b = torch.randn(3), torch.randn(3)
+    out = torch.empty(0, device="tpu")
+    torch.add(a.to("tpu"), b.to("tpu"), out=out)
+    assert_close(out, a + b)
+    big = torch.zeros(2, 3, device="tpu")
+    torch.mul(a.to("tpu"), 2, out=big[1])
+    expected = torch.zeros(2, 3)
+    expected[1] = a * 2
+    assert_close(big, expected)
+
+
+def test_manual_seed_reproduces_random_ops():
+    torch.manual_seed(7)
+    first = (torch.randn(4, device="tpu").cpu(), torch.rand(4, device="tpu").cpu())
+    torch.manual_seed(7)
+    second = (torch.randn(4, device="tpu").cpu(), torch.rand(4, device="tpu").cpu())
+    assert all(torch.equal(p, q) for p, q in zip(first, second))
+    assert not torch.equal(first[0], torch.randn(4, device="tpu").cpu())
+    u = torch.rand(10000, device="tpu").cpu()
+    assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
+
+
+def test_save_and_load_tensors_and_state_dicts():
+    model = torch.nn.Linear(3, 2).to("tpu")
+    t = torch.randn(4).to("tpu")
+    buffer = io.BytesIO()
+    torch.save({"t": t, "state": model.state_dict()}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert loaded["t"].device.type == "tpu"
+    assert torch.equal(loaded["t"].cpu(), t.cpu())
+    fresh = torch.nn.Linear(3, 2).to("tpu")
+    fresh.load_state_dict(loaded["state"])
+    assert torch.equal(fresh.weight.cpu(), model.weight.cpu())
+
+
+def test_errors_name_the_op_and_shapes():
+    a, b = torch.randn(2, 3, device="tpu"), torch.randn(4, 5, device="tpu")
+    with pytest.raises(RuntimeError, match=r"matmul.*tpu:0.*f32\[2, 3\].*f32\[4, 5\]"):
+        a @ b
+    with pytest.raises(NotImplementedError, match="erfinv"):
+        torch.erfinv(torch.rand(8, device="tpu"))
+
+
+def test_cpu_fallback_is_opt_in_and_warns_once(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "1")
+    x = torch.rand(8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = torch.erfinv(x.to("tpu"))
+        torch.erfinv(x.to("tpu"))
+    assert first.device.type == "tpu"
+    torch.testing.assert_close(first.cpu(), torch.erfinv(x))
+    assert sum("erfinv" in str(w.message) for w in caught) == 1
