@@ -3,7 +3,8 @@
 //! - `cargo xtask setup`: system packages and the pinned PJRT plugins.
 //! - `cargo xtask run`:   the main job, a small GPT trained on the `tpu` device.
 //! - `cargo xtask test`:  every test, on two CPU plugins and libtpu, with
-//!   PyTorch (in `.venv`) as the oracle where tests compare against it.
+//!   PyTorch (in `.venv`) as the oracle where tests compare against it; then
+//!   the PyTorch bridge's wheel, built with maturin, under pytest.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -16,8 +17,19 @@ const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev", "libclan
 /// and libtpu for the no-TPU error path.
 const TEST_PLUGINS: &[&str] = &["xla-cpu", "jax-cpu", "tpu"];
 
-/// The Python packages tests compare against, pinned.
-const PYTHON_PACKAGES: &[&str] = &["torch==2.15.0", "safetensors==0.8.0", "numpy==2.4.6"];
+/// The Python packages tests compare against (and the bridge's build and
+/// test tools), pinned.
+const PYTHON_PACKAGES: &[&str] = &[
+    "torch==2.15.0",
+    "safetensors==0.8.0",
+    "numpy==2.4.6",
+    "transformers==5.24.0",
+    "pytest==9.2.0",
+    "maturin==1.16.0",
+];
+
+/// The PyTorch bridge's crate, built into a wheel by maturin.
+const BRIDGE: &str = "crates/torch-bridge";
 
 /// The project's virtualenv, holding PyTorch for the oracle tests.
 const VENV: &str = ".venv";
@@ -76,26 +88,60 @@ fn main_job() -> Result<(), String> {
 fn python_env() -> Result<(), String> {
     let python = venv_python();
     let ready = Command::new(&python)
-        .args(["-c", "import torch, safetensors, numpy"])
+        .args([
+            "-c",
+            "import torch, safetensors, numpy, transformers, pytest, maturin",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if ready {
         return Ok(());
     }
     run(Command::new("python3").args(["-m", "venv", VENV]))?;
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(PYTHON_PACKAGES))
+    run(pip_install().args(PYTHON_PACKAGES))
 }
 
 fn venv_python() -> String {
     format!("{VENV}/bin/python")
+}
+
+/// `pip install`, quietly, into the venv.
+fn pip_install() -> Command {
+    let mut cmd = Command::new(venv_python());
+    cmd.args(["-m", "pip", "install", "--quiet"])
+        .arg("--disable-pip-version-check");
+    cmd
+}
+
+/// Builds the bridge's wheel with maturin, installs it into the venv and
+/// runs its pytest suite (PyTorch CPU as the oracle).
+fn bridge_tests() -> Result<(), String> {
+    let wheels = "target/wheels";
+    let _ = std::fs::remove_dir_all(wheels);
+    run(Command::new(format!("{VENV}/bin/maturin"))
+        .args(["build", "--release", "--quiet", "--out", wheels])
+        .args(["--manifest-path", &format!("{BRIDGE}/Cargo.toml")])
+        .args(["--interpreter", &venv_python()]))?;
+    let wheel = std::fs::read_dir(wheels)
+        .map_err(|e| format!("reading {wheels}: {e}"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin left no wheel in {wheels}"))?;
+    run(pip_install()
+        .args(["--no-deps", "--force-reinstall"])
+        .arg(&wheel))?;
+    let status = Command::new(venv_python())
+        .args(["-m", "pytest", "-q", &format!("{BRIDGE}/tests")])
+        .env("TPU_RS_PLUGIN", "xla-cpu")
+        .status()
+        .map_err(|e| format!("running pytest: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        // pytest's "no tests collected": a suite that ran nothing is a failure.
+        Some(5) => Err(format!("pytest collected no tests in {BRIDGE}/tests")),
+        _ => Err(format!("the bridge's pytest suite failed ({status})")),
+    }
 }
 
 fn test() -> Result<(), String> {
@@ -113,7 +159,8 @@ fn test() -> Result<(), String> {
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
         .args(["-p", "tpu-ops", "--test", "conformance"])
-        .env("TPU_RS_PLUGIN", "jax-cpu"))
+        .env("TPU_RS_PLUGIN", "jax-cpu"))?;
+    bridge_tests()
 }
 
 /// protoc (with its well-known types) and libclang, through apt-get when missing (as root), else a clear
