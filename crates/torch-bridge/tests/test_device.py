@@ -2,6 +2,7 @@
 environment variables), metrics, memory, autocast and torch.compile."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -107,3 +108,32 @@ def test_torch_compile_backend():
     for p, g in zip(model.parameters(), grads):
         assert_close(p.grad, g)
     assert torch.tpu.eager_mode() == torch.tpu.EagerMode.STRICT
+
+
+def _without_device(plugin):
+    code = (
+        "import torch\n"
+        "print(torch.tpu.is_available(), torch.tpu.device_count())\n"
+        "try:\n"
+        "    torch.zeros(2, device='tpu') + 1\n"
+        "except RuntimeError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    env = {**os.environ, "TPU_RS_PLUGIN": plugin}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_missing_plugin_is_a_clear_error():
+    lines = _without_device("/nonexistent/plugin.so")
+    assert lines[0] == "False 0"
+    assert lines[1].startswith("TpuError") and "/nonexistent/plugin.so" in lines[1]
+
+
+def test_libtpu_without_a_tpu_is_a_clear_error():
+    if not any(pathlib.Path.home().joinpath(".cache/tpu-rs/plugins").glob("tpu-*")):
+        pytest.skip("libtpu is not installed (cargo xtask test installs it)")
+    lines = _without_device("tpu")
+    assert lines[0] == "False 0"
+    assert lines[1].startswith("TpuError") and "no TPU found" in lines[1]
