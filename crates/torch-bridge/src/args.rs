@@ -96,9 +96,25 @@ fn is_number(v: &Bound<'_, PyAny>) -> bool {
     v.is_instance_of::<PyBool>() || v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>()
 }
 
+/// Where op inputs may come from.
+#[derive(Clone, Copy)]
+pub enum Inputs<'a> {
+    /// Inputs of op `.0`: tpu tensors, numbers and 0-dim CPU tensors (as
+    /// PyTorch passes wrapped numbers); any other CPU tensor is an error,
+    /// as on every accelerator.
+    Op(&'a str),
+    /// A copy's source, which may be any CPU tensor.
+    Copy,
+}
+
 /// A Python number or CPU tensor as a tpu-rs value on `device`; `dtype`
 /// types Python numbers (else float32, int64 or bool by their kind).
-fn host_value(v: &Bound<'_, PyAny>, dtype: Option<DType>, device: usize) -> Result<Tensor> {
+fn host_value(
+    v: &Bound<'_, PyAny>,
+    dtype: Option<DType>,
+    device: usize,
+    from: Inputs<'_>,
+) -> Result<Tensor> {
     if v.is_instance_of::<PyBool>() {
         let b: bool = v.extract()?;
         return scalar(dtype.unwrap_or(DType::Bool), f64::from(u8::from(b)), device);
@@ -123,6 +139,13 @@ fn host_value(v: &Bound<'_, PyAny>, dtype: Option<DType>, device: usize) -> Resu
         let x: f64 = v.call_method0(pyo3::intern!(py, "item"))?.extract()?;
         return scalar(d, x, device);
     }
+    if let Inputs::Op(op) = from {
+        let shape: Vec<usize> = v.getattr(pyo3::intern!(py, "shape"))?.extract()?;
+        return Err(BridgeError::Device(format!(
+            "op `{op}`: expected all tensors to be on the same device, but found tpu:{device} and \
+             cpu (a CPU tensor of shape {shape:?}); move it with .to(\"tpu\")"
+        )));
+    }
     upload(v, device)
 }
 
@@ -133,6 +156,7 @@ pub fn tensors(
     values: &[Bound<'_, PyAny>],
     dtype: Option<DType>,
     typed_from: usize,
+    from: Inputs<'_>,
 ) -> Result<(Vec<Tensor>, usize)> {
     let mut out: Vec<Option<Tensor>> = Vec::with_capacity(values.len());
     let mut device = None;
@@ -156,7 +180,7 @@ pub fn tensors(
         .enumerate()
         .map(|(i, (t, v))| match t {
             Some(t) => Ok(t),
-            None => host_value(v, dtype.filter(|_| i >= typed_from), device),
+            None => host_value(v, dtype.filter(|_| i >= typed_from), device, from),
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((tensors, device))

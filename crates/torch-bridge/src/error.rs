@@ -20,6 +20,8 @@ pub enum BridgeError {
     Core(tpu_core::Error),
     /// The bridge cannot do this (dtype, layout) yet.
     Unsupported(String),
+    /// Tensors on different devices.
+    Device(String),
     /// A Python call failed.
     Python(PyErr),
     /// A broken invariant of the bridge itself.
@@ -53,6 +55,7 @@ impl From<BridgeError> for PyErr {
         match e {
             BridgeError::Core(e) => TpuError::new_err(e.to_string()),
             BridgeError::Unsupported(msg) => PyNotImplementedError::new_err(msg),
+            BridgeError::Device(msg) => PyRuntimeError::new_err(msg),
             BridgeError::Python(e) => e,
             BridgeError::Internal(msg) => {
                 TpuError::new_err(format!("torch_tpu_rs internal error: {msg}"))

@@ -7,20 +7,21 @@ use tpu_core::Tensor;
 use tpu_core::autograd::GradTape;
 use tpu_ops::registry;
 
-use crate::args::{attrs, tensors};
+use crate::args::{Inputs, attrs, tensors};
 use crate::error::{BridgeError, Result};
 use crate::kernels::{broadcast, call, cast};
 use crate::storage::write;
 use crate::torch::{View, download, dtype_of, wrap};
 
 fn inputs<'py>(
+    op: &str,
     values: &Bound<'py, PyList>,
     dtype: Option<&Bound<'py, PyAny>>,
     cast_from: usize,
 ) -> Result<(Vec<Tensor>, usize)> {
     let dtype = dtype.map(dtype_of).transpose()?;
     let values: Vec<Bound<'py, PyAny>> = values.iter().collect();
-    let (mut xs, device) = tensors(&values, dtype, cast_from)?;
+    let (mut xs, device) = tensors(&values, dtype, cast_from, Inputs::Op(op))?;
     if let Some(d) = dtype {
         for x in xs.iter_mut().skip(cast_from) {
             *x = cast(x.clone(), d)?;
@@ -42,7 +43,7 @@ pub fn run<'py>(
     dtype: Option<&Bound<'py, PyAny>>,
     cast_from: usize,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    let (xs, device) = self::inputs(inputs, dtype, cast_from)?;
+    let (xs, device) = self::inputs(op, inputs, dtype, cast_from)?;
     let outs = call(op, &xs, &self::attrs(attrs)?, device)?;
     Ok(outs
         .into_iter()
@@ -62,7 +63,7 @@ pub fn run_into<'py>(
     dtype: Option<&Bound<'py, PyAny>>,
     cast_from: usize,
 ) -> PyResult<()> {
-    let (xs, device) = self::inputs(inputs, dtype, cast_from)?;
+    let (xs, device) = self::inputs(op, inputs, dtype, cast_from)?;
     let results = call(op, &xs, &self::attrs(attrs)?, device)?;
     if results.len() < outs.len() {
         return Err(BridgeError::internal(format!(
@@ -92,7 +93,7 @@ fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
 #[pyfunction]
 pub fn copy_into(dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
     let dtype = dtype_of(&dst.getattr("dtype")?)?;
-    let (xs, _) = tensors(std::slice::from_ref(src), Some(dtype), 0)?;
+    let (xs, _) = tensors(std::slice::from_ref(src), Some(dtype), 0, Inputs::Copy)?;
     let value = xs
         .into_iter()
         .next()
@@ -131,7 +132,7 @@ pub fn vjp<'py>(
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let attrs = self::attrs(attrs)?;
-    let (xs, _) = self::inputs(inputs, None, 0)?;
+    let (xs, _) = self::inputs(op, inputs, None, 0)?;
     let def = registry()
         .and_then(|r| r.get(op))
         .map_err(BridgeError::from)?;
@@ -146,7 +147,9 @@ pub fn vjp<'py>(
     for (i, &o) in outputs.iter().enumerate() {
         let ty = tape.value(o).ty().clone();
         let g = match grads.get(i).filter(|g| !g.is_none()) {
-            Some(g) => tensors(std::slice::from_ref(g), None, 0)?.0.remove(0),
+            Some(g) => tensors(std::slice::from_ref(g), None, 0, Inputs::Op(op))?
+                .0
+                .remove(0),
             None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, 0)?,
         };
         gs.push(tape.input(g));

@@ -178,6 +178,13 @@ def test_errors_name_the_op_and_shapes():
         torch.erfinv(torch.rand(8, device="tpu"))
 
 
+def test_mixing_devices_is_an_error_except_for_scalars():
+    t = torch.randn(3, 4, device="tpu")
+    with pytest.raises(RuntimeError, match="same device.*tpu:0.*cpu"):
+        t + torch.randn(3, 4)
+    assert_close(t + torch.tensor(2.0), t.cpu() + 2.0)  # a 0-dim CPU tensor is a scalar
+
+
 def test_cpu_fallback_is_opt_in_and_warns_once(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "1")
     x = torch.rand(8)
