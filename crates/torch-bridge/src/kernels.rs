@@ -17,11 +17,7 @@ static POLICY: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
 
 fn create(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
     tpu_eager::link();
-    let factory = inventory::iter::<policy::PolicyFactory>
-        .into_iter()
-        .find(|f| f.mode == mode)
-        .ok_or_else(|| BridgeError::internal(format!("no `{mode}` policy linked in")))?;
-    Ok((factory.create)())
+    Ok(policy::new_policy(mode)?)
 }
 
 /// The policy in force (created from the environment on first use).

@@ -115,22 +115,26 @@ thread_local! {
     static SCOPES: RefCell<Vec<Arc<dyn ExecutionPolicy>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A new instance of `mode`, shared by no one (embedders that keep one
+/// policy across threads hold it; see [`EagerModeGuard::with_policy`]).
+pub fn new_policy(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
+    let factory = inventory::iter::<PolicyFactory>
+        .into_iter()
+        .find(|f| f.mode == mode)
+        .ok_or_else(|| Error::InvalidOption {
+            option: "TPU_RS_EAGER",
+            reason: format!("no `{mode}` policy is linked in (the tpu-eager crate provides them)"),
+        })?;
+    Ok((factory.create)())
+}
+
 /// This thread's instance of `mode`.
 pub fn policy_for(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
     INSTANCES.with(|instances| {
         if let Some(p) = instances.borrow().get(&mode) {
             return Ok(p.clone());
         }
-        let factory = inventory::iter::<PolicyFactory>
-            .into_iter()
-            .find(|f| f.mode == mode)
-            .ok_or_else(|| Error::InvalidOption {
-                option: "TPU_RS_EAGER",
-                reason: format!(
-                    "no `{mode}` policy is linked in (the tpu-eager crate provides them)"
-                ),
-            })?;
-        let policy = (factory.create)();
+        let policy = new_policy(mode)?;
         instances.borrow_mut().insert(mode, policy.clone());
         Ok(policy)
     })
