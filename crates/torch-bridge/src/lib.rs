@@ -54,6 +54,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::vjp, m)?)?;
     m.add_function(wrap_pyfunction!(random::manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(random::initial_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(random::rng_state, m)?)?;
+    m.add_function(wrap_pyfunction!(random::set_rng_state, m)?)?;
     m.add_function(wrap_pyfunction!(random::fill_random, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device::unavailable_reason, m)?)?;

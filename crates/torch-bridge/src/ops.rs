@@ -132,7 +132,7 @@ pub fn vjp<'py>(
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let attrs = self::attrs(attrs)?;
-    let (xs, _) = self::inputs(op, inputs, None, 0)?;
+    let (xs, device) = self::inputs(op, inputs, None, 0)?;
     let def = registry()
         .and_then(|r| r.get(op))
         .map_err(BridgeError::from)?;
@@ -150,7 +150,7 @@ pub fn vjp<'py>(
             Some(g) => tensors(std::slice::from_ref(g), None, 0, Inputs::Op(op))?
                 .0
                 .remove(0),
-            None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, 0)?,
+            None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, device)?,
         };
         gs.push(tape.input(g));
     }

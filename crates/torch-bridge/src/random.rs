@@ -55,6 +55,19 @@ pub fn initial_seed() -> u64 {
     GENERATOR.lock().unwrap_or_else(|e| e.into_inner()).seed
 }
 
+/// The generator's whole state: its seed and how many keys it has drawn.
+#[pyfunction]
+pub fn rng_state() -> (u64, u64) {
+    let g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    (g.seed, g.counter)
+}
+
+/// Restores a state from [`rng_state`].
+#[pyfunction]
+pub fn set_rng_state(seed: u64, counter: u64) {
+    *GENERATOR.lock().unwrap_or_else(|e| e.into_inner()) = Generator { seed, counter };
+}
+
 /// Fills tpu tensor `out` with random op `op` (`uniform`, `normal`,
 /// `bernoulli`): the op draws `out`'s shape from a fresh key and the result
 /// is cast to `out`'s dtype.

@@ -152,6 +152,10 @@ def test_manual_seed_reproduces_random_ops():
     second = (torch.randn(4, device="tpu").cpu(), torch.rand(4, device="tpu").cpu())
     assert all(torch.equal(p, q) for p, q in zip(first, second))
     assert not torch.equal(first[0], torch.randn(4, device="tpu").cpu())
+    state = torch.tpu.get_rng_state()
+    third = torch.randn(4, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.randn(4, device="tpu").cpu(), third)
     u = torch.rand(10000, device="tpu").cpu()
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
 

@@ -94,13 +94,18 @@ def initial_seed():
 
 
 def get_rng_state(device="tpu"):
+    """The generator's state (seed, keys drawn) as an int64 CPU tensor."""
     import torch
 
-    return torch.tensor([_C.initial_seed()], dtype=torch.int64)
+    seed, counter = _C.rng_state()
+    as_signed = lambda v: v - (1 << 64) if v >= 1 << 63 else v
+    return torch.tensor([as_signed(seed), as_signed(counter)], dtype=torch.int64)
 
 
 def set_rng_state(state, device="tpu"):
-    manual_seed(int(state[0]))
+    """Restores a state from :func:`get_rng_state`."""
+    seed, counter = (int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in state.tolist())
+    _C.set_rng_state(seed, counter)
 
 
 def get_device_name(device=None):

@@ -92,15 +92,9 @@ def fmod(self, other):
     return run("sub", [self, run("mul", [q, other], None, dtype)], None, dtype)
 
 
-def _compare(op):
-    def k(self, other):
-        return run(op, [self, other], None, torch.result_type(self, other))
-
-    return k
-
-
+# Comparisons compare in the promoted dtype (and give bool).
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    kernel(f"{_name}.Tensor", f"{_name}.Scalar")(_compare(_name))
+    kernel(f"{_name}.Tensor", f"{_name}.Scalar")(_binary(_name))
 
 
 def _logical(op):

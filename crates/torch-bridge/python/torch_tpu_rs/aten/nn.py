@@ -222,11 +222,9 @@ def native_batch_norm_backward(
 # ---- Pooling. ----
 
 
-def _pool_attrs(kernel_size, stride, padding, dilation=None):
-    attrs = {"kernel_size": list(kernel_size), "stride": list(stride), "padding": list(padding)}
-    if dilation is not None:
-        attrs["dilation"] = list(dilation)
-    return attrs
+def _pair(v):
+    """A 2-D pooling argument as two values (PyTorch takes one or two)."""
+    return [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
 
 
 def _no_ceil(op, ceil_mode):
@@ -234,24 +232,29 @@ def _no_ceil(op, ceil_mode):
         raise NotImplementedError(f"aten::{op} with ceil_mode=True is not implemented for the tpu device")
 
 
+def _max_pool_attrs(op, kernel_size, stride, padding, dilation, ceil_mode):
+    _no_ceil(op, ceil_mode)
+    kernel_size = _pair(kernel_size)
+    # An empty stride means the kernel size.
+    stride = _pair(stride) if stride else kernel_size
+    return {"kernel_size": kernel_size, "stride": stride, "padding": _pair(padding), "dilation": _pair(dilation)}
+
+
 @kernel("max_pool2d_with_indices")
 def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    _no_ceil("max_pool2d_with_indices", ceil_mode)
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
-    kernel_size, padding, dilation = pair(kernel_size), pair(padding), pair(dilation)
-    stride = pair(stride) if stride else kernel_size
-    attrs = _pool_attrs(kernel_size, stride, padding, dilation)
+    attrs = _max_pool_attrs("max_pool2d_with_indices", kernel_size, stride, padding, dilation, ceil_mode)
     out = run("max_pool2d", [self], attrs)
-    return out, _max_pool_indices(self, out, kernel_size, stride, padding, dilation)
+    return out, _max_pool_indices(self, out, attrs)
 
 
-def _max_pool_indices(x, out, kernel_size, stride, padding, dilation):
+def _max_pool_indices(x, out, attrs):
     """Where each window's maximum is, as ``h * W + w`` in the input plane
     (the first in row-major window order, as PyTorch's kernels): one strided
     slice of the padded input per kernel offset, compared with the best so
     far."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    height, width = x.shape[-2:]
+    (kh, kw), (sh, sw) = attrs["kernel_size"], attrs["stride"]
+    (ph, pw), (dh, dw) = attrs["padding"], attrs["dilation"]
+    width = x.shape[-1]
     oh, ow = out.shape[-2:]
     padded = torch.nn.functional.pad(x, (pw, pw, ph, ph), value=float("-inf"))
     rows = torch.arange(oh, device=x.device) * sh - ph
@@ -272,9 +275,7 @@ def _max_pool_indices(x, out, kernel_size, stride, padding, dilation):
 
 @kernel("max_pool2d_with_indices_backward")
 def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    _no_ceil("max_pool2d_with_indices_backward", ceil_mode)
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)
-    attrs = _pool_attrs(pair(kernel_size), pair(stride) if stride else [], pair(padding), pair(dilation))
+    attrs = _max_pool_attrs("max_pool2d_with_indices_backward", kernel_size, stride, padding, dilation, ceil_mode)
     return _C.vjp("max_pool2d", [self], [grad_output], attrs)[0]
 
 
@@ -282,10 +283,13 @@ def _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divis
     _no_ceil("avg_pool2d", ceil_mode)
     if divisor_override is not None:
         raise NotImplementedError("aten::avg_pool2d with divisor_override is not implemented for the tpu device")
-    pair = lambda v: [v, v] if isinstance(v, int) else list(v)
-    attrs = _pool_attrs(pair(kernel_size), pair(stride) if stride else [], pair(padding))
-    attrs["count_include_pad"] = bool(count_include_pad)
-    return attrs
+    kernel_size = _pair(kernel_size)
+    return {
+        "kernel_size": kernel_size,
+        "stride": _pair(stride) if stride else kernel_size,
+        "padding": _pair(padding),
+        "count_include_pad": bool(count_include_pad),
+    }
 
 
 @kernel("avg_pool2d")

@@ -41,11 +41,7 @@ def _register(name, fn, how):
         name = name[: -len(".default")]
     if name in REGISTERED:
         return
-    qualified = "aten::" + name.split(".")[0]
-    overload = name.split(".")[1] if "." in name else ""
-    if torch._C._dispatch_has_kernel_for_dispatch_key(
-        qualified + ("." + overload if overload else ""), "CompositeImplicitAutograd"
-    ):
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "CompositeImplicitAutograd"):
         # PyTorch decomposes it (and differentiates the parts) before a
         # backend kernel could run; a kernel here would bypass autograd.
         return
