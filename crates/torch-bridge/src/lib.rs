@@ -7,6 +7,7 @@
 //! dispatcher under the chosen eager mode, and writes rebind storages.
 #![warn(missing_docs)]
 
+mod address;
 mod args;
 mod device;
 mod error;
@@ -21,14 +22,17 @@ use pyo3::prelude::*;
 pub use error::{BridgeError, TpuError};
 pub use storage::{Layout, Storage};
 
-/// An unwritten tpu tensor of `size` and `dtype` (contiguous).
+/// An unwritten tpu tensor of `size` and `dtype` (contiguous) on
+/// `tpu:device`.
 #[pyfunction]
+#[pyo3(signature = (size, dtype, device=0))]
 fn empty<'py>(
     py: Python<'py>,
     size: Vec<usize>,
     dtype: &Bound<'py, PyAny>,
+    device: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    Ok(torch::empty(py, &size, torch::dtype_of(dtype)?)?)
+    Ok(torch::empty(py, &size, torch::dtype_of(dtype)?, device)?)
 }
 
 /// The names of every op in the tpu-rs registry.

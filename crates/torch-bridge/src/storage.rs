@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Device, Tensor};
 
+use crate::address::Address;
 use crate::error::{BridgeError, Result};
 use crate::kernels::{call1, full};
 
@@ -22,6 +23,7 @@ pub struct Storage {
     dtype: DType,
     numel: usize,
     device: usize,
+    address: Address,
     // `None` until first written: `torch.empty` allocates nothing, and an
     // unwritten storage reads as zeros.
     value: Mutex<Option<Tensor>>,
@@ -29,13 +31,14 @@ pub struct Storage {
 
 impl Storage {
     /// A storage of `numel` elements of `dtype`, not yet written.
-    pub fn empty(dtype: DType, numel: usize, device: usize) -> Storage {
-        Storage {
+    pub fn empty(dtype: DType, numel: usize, device: usize) -> Result<Storage> {
+        Ok(Storage {
             dtype,
             numel,
             device,
+            address: Address::allocate(numel.saturating_mul(dtype.size_in_bytes()))?,
             value: Mutex::new(None),
-        }
+        })
     }
 
     /// A storage holding `value`'s elements.
@@ -45,12 +48,9 @@ impl Storage {
                 "a tpu storage cannot hold a cpu tensor",
             ));
         };
-        Ok(Storage {
-            dtype: value.dtype(),
-            numel: value.shape().numel(),
-            device,
-            value: Mutex::new(Some(value)),
-        })
+        let storage = Storage::empty(value.dtype(), value.shape().numel(), device)?;
+        *storage.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        Ok(storage)
     }
 
     /// Element type.
@@ -66,6 +66,16 @@ impl Storage {
     /// The `tpu` device index.
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// Bytes the storage holds.
+    pub fn nbytes(&self) -> usize {
+        self.numel * self.dtype.size_in_bytes()
+    }
+
+    /// The fake host address torch sees as the storage's data pointer.
+    pub fn address(&self) -> u64 {
+        self.address.get()
     }
 
     /// The current value (zeros when never written).

@@ -32,6 +32,13 @@ const DTYPES: [(&str, DType); 11] = [
 /// Python objects the bridge uses on every op, looked up once.
 struct Api {
     create_empty: Py<PyAny>,
+    construct_storage: Py<PyAny>,
+    /// `aten::set_.source_Storage_storage_offset`'s redispatch, and the CPU
+    /// key set it runs under: the CPU kernel binds a storage to a tensor
+    /// without resizing it.
+    set_storage: Py<PyAny>,
+    cpu_keys: Py<PyAny>,
+    devices: Vec<Py<PyAny>>,
     dtypes: Vec<(Py<PyAny>, DType)>,
     frombuffer: Py<PyAny>,
     uint8: Py<PyAny>,
@@ -46,12 +53,25 @@ fn api(py: Python<'_>) -> PyResult<&'static Api> {
             .iter()
             .map(|(name, d)| Ok((torch.getattr(*name)?.unbind(), *d)))
             .collect::<PyResult<Vec<_>>>()?;
+        let c = torch.getattr("_C")?;
+        let cpu = c.getattr("DispatchKey")?.getattr("CPU")?;
+        let device_count = Runtime::global().map_or(1, |r| r.client().device_count().max(1));
+        let devices = (0..device_count)
+            .map(|i| Ok(torch.getattr("device")?.call1(("tpu", i))?.unbind()))
+            .collect::<PyResult<Vec<_>>>()?;
         Ok(Api {
-            create_empty: torch
-                .getattr("_C")?
-                .getattr("_acc")?
-                .getattr("create_empty_tensor")?
+            create_empty: c.getattr("_acc")?.getattr("create_empty_tensor")?.unbind(),
+            construct_storage: c.getattr("_construct_storage_from_data_pointer")?.unbind(),
+            set_storage: torch
+                .getattr("ops")?
+                .getattr("aten")?
+                .getattr("set_")?
+                .getattr("source_Storage_storage_offset")?
+                .getattr("_handle")?
+                .getattr("redispatch_boxed")?
                 .unbind(),
+            cpu_keys: c.getattr("DispatchKeySet")?.call1((cpu,))?.unbind(),
+            devices,
             dtypes,
             frombuffer: torch.getattr("frombuffer")?.unbind(),
             uint8: torch.getattr("uint8")?.unbind(),
@@ -123,32 +143,72 @@ impl View {
 
 /// A new torch tensor on `tpu` holding `value` (contiguous).
 pub fn wrap<'py>(py: Python<'py>, value: Tensor) -> Result<Bound<'py, PyAny>> {
+    let size = value.shape().dims().to_vec();
+    tensor_over(py, &size, Storage::holding(value)?)
+}
+
+/// A new, unwritten torch tensor on `tpu:device` of `size` (contiguous).
+pub fn empty<'py>(
+    py: Python<'py>,
+    size: &[usize],
+    dtype: DType,
+    device: usize,
+) -> Result<Bound<'py, PyAny>> {
+    let count = api(py)?.devices.len();
+    if device >= count {
+        return Err(tpu_core::Error::DeviceOutOfRange {
+            index: device,
+            count,
+            platform: Runtime::global()?.client().platform_name().to_string(),
+        }
+        .into());
+    }
+    if device != 0 {
+        return Err(BridgeError::Unsupported(format!(
+            "tpu:{device}: the PyTorch bridge drives tpu:0 only (the plugin has {count} devices)"
+        )));
+    }
+    tensor_over(
+        py,
+        size,
+        Storage::empty(dtype, size.iter().product(), device)?,
+    )
+}
+
+/// A contiguous torch tensor of `size` over a new torch storage that
+/// carries `storage`: as many bytes as it holds, at its own address.
+fn tensor_over<'py>(
+    py: Python<'py>,
+    size: &[usize],
+    storage: Storage,
+) -> Result<Bound<'py, PyAny>> {
     let api = api(py)?;
-    let size = PyList::new(py, value.shape().dims())?;
-    let dtype = torch_dtype(py, value.dtype())?;
-    let t = api.create_empty.bind(py).call1((size, dtype))?;
-    attach(&t, Storage::holding(value)?)?;
+    let device = api.devices.get(storage.device()).ok_or_else(|| {
+        BridgeError::internal(format!("no torch device for tpu:{}", storage.device()))
+    })?;
+    let raw = api.construct_storage.bind(py).call1((
+        storage.address(),
+        device.bind(py),
+        storage.nbytes(),
+    ))?;
+    let dtype = torch_dtype(py, storage.dtype())?;
+    let t = api.create_empty.bind(py).call1((EMPTY, dtype))?;
+    let stride = crate::storage::contiguous_strides(size);
+    api.set_storage.bind(py).call1((
+        api.cpu_keys.bind(py),
+        &t,
+        &raw,
+        0,
+        PyList::new(py, size)?,
+        PyList::new(py, stride)?,
+    ))?;
+    raw.setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
     Ok(t)
 }
 
-/// Makes `storage` the tpu-rs side of torch tensor `t`'s storage.
-pub fn attach(t: &Bound<'_, PyAny>, storage: Storage) -> Result<()> {
-    let py = t.py();
-    t.call_method0(intern!(py, "untyped_storage"))?
-        .setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
-    Ok(())
-}
-
-/// A new, unwritten torch tensor on `tpu` of `size` (contiguous).
-pub fn empty<'py>(py: Python<'py>, size: &[usize], dtype: DType) -> Result<Bound<'py, PyAny>> {
-    let api = api(py)?;
-    let t = api
-        .create_empty
-        .bind(py)
-        .call1((PyList::new(py, size)?, torch_dtype(py, dtype)?))?;
-    attach(&t, Storage::empty(dtype, size.iter().product(), 0))?;
-    Ok(t)
-}
+/// The size `create_empty_tensor` starts a tensor with, before its storage
+/// is bound.
+const EMPTY: [usize; 1] = [0];
 
 /// The elements of a contiguous CPU torch tensor, as a tpu-rs value on
 /// device `device`.

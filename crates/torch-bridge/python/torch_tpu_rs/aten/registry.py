@@ -29,6 +29,7 @@ _fallback_lib = torch.library.Library("_", "IMPL")
 REGISTERED: dict[str, str] = {}
 
 _META = DispatchKeySet(DispatchKey.Meta)
+_CPU = DispatchKeySet(DispatchKey.CPU)
 
 
 def _overload(name):
@@ -135,6 +136,18 @@ def view(*names):
 
         def kernel(*args, _op=op, **kwargs):
             return _op.redispatch(_META, *args, **kwargs)
+
+        _register(name, kernel, "view")
+
+
+def rebind(*names):
+    """Registers ops that bind a tensor to a storage: PyTorch's CPU kernels
+    set the storage, sizes and strides and touch no data."""
+    for name in names:
+        op = _overload(name)
+
+        def kernel(*args, _op=op, **kwargs):
+            return _op.redispatch(_CPU, *args, **kwargs)
 
         _register(name, kernel, "view")
 

@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import _C
-from .registry import aten, raw, view
+from .registry import aten, raw, rebind, view
 
 view(
     "view",
@@ -14,7 +14,13 @@ view(
     "as_strided",
     "_reshape_alias",
     "unfold",
+)
+
+# Binding a storage: the CPU kernel does it without resizing, and tpu
+# storages keep the byte size they were made with.
+rebind(
     "set_.source_Tensor",
+    "set_.source_Storage",
     "set_.source_Storage_storage_offset",
 )
 
@@ -29,15 +35,20 @@ def _dtype(dtype):
     return torch.get_default_dtype() if dtype is None else dtype
 
 
+def _index(device):
+    index = None if device is None else torch.device(device).index
+    return 0 if index is None else index
+
+
 @raw("empty.memory_format")
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _C.empty(list(size), _dtype(dtype))
+    return _C.empty(list(size), _dtype(dtype), _index(device))
 
 
 @raw("empty_strided")
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     size, stride = list(size), list(stride)
-    base = _C.empty([_storage_numel(size, stride)], _dtype(dtype))
+    base = _C.empty([_storage_numel(size, stride)], _dtype(dtype), _index(device))
     return base.as_strided(size, stride)
 
 
@@ -50,7 +61,7 @@ def resize_(self, size, *, memory_format=None):
         # Same elements, new shape: keep the data.
         return self.set_(self.view(size))
     # New elements (out= tensors PyTorch made empty): a fresh storage.
-    return self.set_(_C.empty(size, self.dtype))
+    return self.set_(_C.empty(size, self.dtype, self.device.index or 0))
 
 
 @raw("copy_")

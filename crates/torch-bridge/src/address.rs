@@ -1,0 +1,77 @@
+//! Host-side addresses for tpu storages.
+//!
+//! PyTorch tells storages apart by their data pointer (`data_ptr()`,
+//! `untyped_storage().data_ptr()`): checkpoint writers find shared
+//! tensors by it, and model code detects tied weights with it. A tpu
+//! storage's bytes live on the device, so each live storage gets a range of
+//! fake addresses of its own instead. The ranges lie above the 47-bit user
+//! address space of every 64-bit host, so they can never equal a real
+//! allocation; nothing dereferences them (tpu data is read through the
+//! bridge, never through the pointer).
+
+use std::sync::Mutex;
+
+use crate::error::{BridgeError, Result};
+
+/// The first fake address.
+const BASE: u64 = 1 << 62;
+/// Each storage owns a slot of this many bytes, so storages never overlap.
+const SLOT_BYTES: u64 = 1 << 40;
+/// Slots between `BASE` and `2^63`.
+const SLOTS: u64 = (1 << 62) / SLOT_BYTES;
+
+struct Slots {
+    next: u64,
+    free: Vec<u64>,
+}
+
+static SLOTS_IN_USE: Mutex<Slots> = Mutex::new(Slots {
+    next: 0,
+    free: Vec::new(),
+});
+
+/// A fake address range owned by one storage; released when dropped.
+#[derive(Debug)]
+pub struct Address {
+    slot: u64,
+}
+
+impl Address {
+    /// A range for a storage of `nbytes`.
+    pub fn allocate(nbytes: usize) -> Result<Address> {
+        if nbytes as u64 > SLOT_BYTES {
+            return Err(BridgeError::internal(format!(
+                "a tpu storage of {nbytes} bytes is larger than the {SLOT_BYTES} bytes one storage may hold"
+            )));
+        }
+        let mut slots = SLOTS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match slots.free.pop() {
+            Some(slot) => slot,
+            None if slots.next < SLOTS => {
+                slots.next += 1;
+                slots.next - 1
+            }
+            None => {
+                return Err(BridgeError::internal(format!(
+                    "more than {SLOTS} tpu storages are alive at once"
+                )));
+            }
+        };
+        Ok(Address { slot })
+    }
+
+    /// The first byte's address.
+    pub fn get(&self) -> u64 {
+        BASE + self.slot * SLOT_BYTES
+    }
+}
+
+impl Drop for Address {
+    fn drop(&mut self) {
+        SLOTS_IN_USE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(self.slot);
+    }
+}
