@@ -333,6 +333,19 @@ impl Builder {
         self.op1("stablehlo.constant", &[], &attrs, ty)
     }
 
+    /// An integer constant of integer `dtype`, exact over the whole `i64`
+    /// range (clamped to the dtype's).
+    pub fn int_constant(&mut self, dtype: DType, shape: impl Into<Shape>, value: i64) -> Value {
+        let ty = TensorType::new(dtype, shape);
+        let (lo, hi) = int_range(dtype);
+        let attrs = format!(
+            "value = dense<{}> : {}",
+            value.clamp(lo, hi),
+            mlir_type(&ty)
+        );
+        self.op1("stablehlo.constant", &[], &attrs, ty)
+    }
+
     /// A constant with the given row-major values.
     pub fn constant_values(
         &mut self,

@@ -77,6 +77,9 @@ constant_fill!("ones", 1.0);
 struct Arange {
     start: f64,
     step: f64,
+    /// Start and step as integers, for integer dtypes: exact where f64 is
+    /// not (beyond 2^53).
+    exact: Option<(i64, i64)>,
     len: usize,
     dtype: DType,
 }
@@ -92,11 +95,8 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
     let step = attrs.float_or("step", 1.0)?;
     // PyTorch: integer arguments give i64, any float argument the default
     // float dtype.
-    let default = if ["start", "end", "step"].iter().all(|k| int_attr(attrs, k)) {
-        DType::I64
-    } else {
-        DType::F32
-    };
+    let all_ints = ["start", "end", "step"].iter().all(|k| int_attr(attrs, k));
+    let default = if all_ints { DType::I64 } else { DType::F32 };
     let dtype = attrs.dtype_opt("dtype")?.unwrap_or(default);
     require_dtype(dtype, NUMERIC, "arange dtype")?;
     if !(start.is_finite() && end.is_finite() && step.is_finite()) {
@@ -107,7 +107,20 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
     if step == 0.0 {
         return Err("arange step must be nonzero".into());
     }
-    let len = ((end - start) / step).ceil();
+    let len = if all_ints {
+        // Exact: i64 arguments beyond 2^53 do not survive a trip through f64.
+        let (s, e, st) = (
+            i128::from(attrs.int_opt("start")?.unwrap_or(0)),
+            i128::from(attrs.int("end")?),
+            i128::from(attrs.int_opt("step")?.unwrap_or(1)),
+        );
+        let span = e - s;
+        // Ceiling division, for either sign of the step.
+        let n = span / st + i128::from(span % st != 0 && (span < 0) == (st < 0));
+        n as f64
+    } else {
+        ((end - start) / step).ceil()
+    };
     if len < 0.0 {
         return Err(format!(
             "arange from {start} to {end} with step {step} has negative length (the step's sign does not lead from start to end)"
@@ -123,42 +136,63 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
             "arange of integer dtype {dtype} needs integral start and step, got {start} and {step}"
         ));
     }
+    let exact = if dtype.is_float() {
+        None
+    } else if all_ints {
+        Some((
+            attrs.int_opt("start")?.unwrap_or(0),
+            attrs.int_opt("step")?.unwrap_or(1),
+        ))
+    } else {
+        Some((start as i64, step as i64))
+    };
     Ok(Arange {
         start,
         step,
+        exact,
         len: len as usize,
         dtype,
     })
 }
 
 fn lower_arange(b: &mut Builder, a: &Arange) -> Value {
-    let compute = if !a.dtype.is_float() {
-        DType::I64
-    } else if a.dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
     let i = b.iota(DType::I64, &[a.len], 0);
-    let i = b.convert(&i, compute);
-    let step = b.constant(compute, [a.len], a.step);
-    let start = b.constant(compute, [a.len], a.start);
-    let scaled = b.binary("stablehlo.multiply", &i, &step);
-    let v = b.binary("stablehlo.add", &scaled, &start);
+    let v = match a.exact {
+        Some((start, step)) => {
+            let step = b.int_constant(DType::I64, [a.len], step);
+            let start = b.int_constant(DType::I64, [a.len], start);
+            let scaled = b.binary("stablehlo.multiply", &i, &step);
+            b.binary("stablehlo.add", &scaled, &start)
+        }
+        None => {
+            let compute = if a.dtype == DType::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            };
+            let i = b.convert(&i, compute);
+            let step = b.constant(compute, [a.len], a.step);
+            let start = b.constant(compute, [a.len], a.start);
+            let scaled = b.binary("stablehlo.multiply", &i, &step);
+            b.binary("stablehlo.add", &scaled, &start)
+        }
+    };
     b.convert(&v, a.dtype)
 }
 
 fn arange_ref(a: &Arange) -> OpResult<HostTensor> {
-    if a.dtype.is_float() {
-        let values = (0..a.len).map(|i| a.start + i as f64 * a.step).collect();
-        tensor_f64(a.dtype, &[a.len], values)
-    } else {
-        let (start, step) = (a.start as i64, a.step as i64);
-        let values = (0..a.len as i64)
-            .map(|i| start.wrapping_add(i.wrapping_mul(step)))
-            .collect();
-        HostTensor::from_i64(a.dtype, [a.len], values)
-            .ok_or_else(|| "arange value count mismatch".to_string())
+    match a.exact {
+        None => {
+            let values = (0..a.len).map(|i| a.start + i as f64 * a.step).collect();
+            tensor_f64(a.dtype, &[a.len], values)
+        }
+        Some((start, step)) => {
+            let values = (0..a.len as i64)
+                .map(|i| start.wrapping_add(i.wrapping_mul(step)))
+                .collect();
+            HostTensor::from_i64(a.dtype, [a.len], values)
+                .ok_or_else(|| "arange value count mismatch".to_string())
+        }
     }
 }
 
@@ -209,6 +243,22 @@ fn arange_samples() -> Vec<Sample> {
         ));
     }
     out.push(Sample::new(vec![], Attrs::new().with("end", 7i64)));
+    // Past 2^53, where f64 arithmetic would lose the values.
+    let big = 1i64 << 62;
+    out.push(Sample::new(
+        vec![],
+        Attrs::new()
+            .with("start", big)
+            .with("end", big + 3)
+            .with("step", 1i64),
+    ));
+    out.push(Sample::new(
+        vec![],
+        Attrs::new()
+            .with("start", big + 10)
+            .with("end", big)
+            .with("step", -4i64),
+    ));
     out
 }
 
