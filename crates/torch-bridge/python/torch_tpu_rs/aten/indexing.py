@@ -15,18 +15,37 @@ def _i64(x):
     return x if x.dtype == torch.int64 else run("cast", [x], {"dtype": torch.int64})
 
 
+def _check_bounds(op, index, size, dim, negative=False):
+    """Under Debug, an index outside the dimension raises ``IndexError``
+    naming the op, the index and the size. Strict and DeferAndFuse run
+    asynchronously, as CUDA does, and do not read indices back: there an
+    out-of-range gather reads the nearest valid position and an
+    out-of-range scatter writes nothing."""
+    if index.numel() == 0 or _C.eager_mode() != "debug":
+        return
+    host = _C.to_cpu(index)
+    lo, hi = int(host.min()), int(host.max())
+    low = -size if negative else 0
+    bad = lo if lo < low else hi if hi >= size else None
+    if bad is not None:
+        raise IndexError(f"aten::{op}: index {bad} is out of bounds for dimension {dim} with size {size} (tpu)")
+
+
 @kernel("index_select")
 def index_select(self, dim, index):
+    _check_bounds("index_select", index, self.shape[dim] if self.ndim else 1, dim)
     return run("index_select", [self, index], {"dim": dim})
 
 
 @kernel("gather")
 def gather(self, dim, index, *, sparse_grad=False):
+    _check_bounds("gather", index, self.shape[dim] if self.ndim else 1, dim)
     return run("gather", [self, index], {"dim": dim})
 
 
 @kernel("scatter.src")
 def scatter_src(self, dim, index, src):
+    _check_bounds("scatter", index, self.shape[dim] if self.ndim else 1, dim)
     return run("scatter", [self, index, src], {"dim": dim})
 
 
@@ -38,11 +57,13 @@ def scatter_value(self, dim, index, value):
 
 @kernel("scatter_add")
 def scatter_add(self, dim, index, src):
+    _check_bounds("scatter_add", index, self.shape[dim] if self.ndim else 1, dim)
     return run("scatter_add", [self, index, src], {"dim": dim})
 
 
 @kernel("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
+    _check_bounds("index_add", index, self.shape[dim] if self.ndim else 1, dim)
     if alpha != 1:
         source = run("mul", [source, alpha], None, source.dtype)
     return run("index_add", [self, index, source], {"dim": dim})
@@ -99,8 +120,13 @@ def constant_pad_nd(self, pad, value=0):
 
 @raw("arange.start_out")
 def arange_out(start, end, step=1, *, out):
-    n = max(0, math.ceil((end - start) / step))
-    attrs = {"start": float(start), "end": float(end), "step": float(step), "dtype": out.dtype}
+    if all(isinstance(v, int) for v in (start, end, step)):
+        # Integers stay integers: past 2**53 a float would lose them.
+        n = max(0, -((start - end) // step))
+        attrs = {"start": start, "end": end, "step": step, "dtype": out.dtype}
+    else:
+        n = max(0, math.ceil((end - start) / step))
+        attrs = {"start": float(start), "end": float(end), "step": float(step), "dtype": out.dtype}
     value = run("arange", [], attrs) if n > 0 else None
     if list(out.shape) != [n]:
         out.resize_([n])
@@ -130,7 +156,7 @@ def equal(self, other):
 # ---- Advanced indexing: x[i, j] with index tensors. ----
 
 
-def _linear_index(self, indices):
+def _linear_index(self, indices, op):
     """The indexed dims, and one i64 index into them flattened (row-major),
     broadcast over the index tensors."""
     dims, tensors = [], []
@@ -143,6 +169,7 @@ def _linear_index(self, indices):
                 dims.append(d + k)
                 tensors.append(col)
         else:
+            _check_bounds(op, idx, self.shape[d], d, negative=True)
             dims.append(d)
             tensors.append(_i64(idx))
     shape = list(torch.broadcast_shapes(*[t.shape for t in tensors]))
@@ -171,7 +198,7 @@ def _adjacent(dims):
 @kernel("index.Tensor")
 def index(self, indices):
     indices = list(indices) + [None] * (self.ndim - len(indices))
-    dims, linear, shape = _linear_index(self, indices)
+    dims, linear, shape = _linear_index(self, indices, "index")
     x, rest = _front(self, dims)
     out = run("index_select", [x, linear], {"dim": 0})
     out = run("reshape", [out], {"shape": shape + [self.shape[d] for d in rest]})
@@ -186,7 +213,7 @@ def index(self, indices):
 @kernel("index_put")
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices) + [None] * (self.ndim - len(indices))
-    dims, linear, shape = _linear_index(self, indices)
+    dims, linear, shape = _linear_index(self, indices, "index_put")
     x, rest = _front(self, dims)
     rest_shape = [self.shape[d] for d in rest]
     values = values.to(self.dtype)
@@ -210,6 +237,12 @@ def index_put(self, indices, values, accumulate=False):
     order = dims + rest
     inverse = [order.index(d) for d in range(self.ndim)]
     return out.permute(inverse).contiguous()
+
+
+@raw("_index_put_impl_")
+def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
+    _C.copy_into(self, index_put(self, indices, values, accumulate))
+    return self
 
 
 # ---- Scatters into views: a copy of the input with a view overwritten. ----

@@ -166,8 +166,11 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     if training:
         save_mean, save_invstd = _batch_norm_train_stats(input, eps)
     else:
-        save_mean = rm
-        save_invstd = run("rsqrt", [run("add", [rv, float(eps)], None, rv.dtype)])
+        # As on CPU and CUDA: evaluation saves no statistics (the backward
+        # reads the running ones).
+        compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+        save_mean = torch.empty(0, dtype=compute, device=input.device)
+        save_invstd = torch.empty(0, dtype=compute, device=input.device)
     return out, save_mean, save_invstd
 
 
