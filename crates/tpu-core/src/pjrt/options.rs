@@ -123,8 +123,18 @@ impl CompileOptions {
             device_assignment,
             ..Default::default()
         };
+        // Every rounding a program asks for happens: without this XLA may
+        // keep f32 where a bf16 or f16 result was requested (dropping
+        // convert pairs across a fusion), so a fused graph would differ
+        // from the same ops run one at a time, and from PyTorch.
+        let exact_precision = xla::OptionOverrideProto {
+            value: Some(xla::option_override_proto::Value::BoolField(false)),
+        };
         xla::CompileOptionsProto {
             executable_build_options: Some(build),
+            env_option_overrides: [("xla_allow_excess_precision".to_string(), exact_precision)]
+                .into_iter()
+                .collect(),
             ..Default::default()
         }
         .encode_to_vec()
@@ -182,6 +192,12 @@ mod tests {
         assert_eq!(
             assignment.computation_devices[0].replica_device_ids,
             vec![11, 10]
+        );
+        // Requested roundings are kept (fused graphs equal op-by-op runs).
+        let precision = &proto.env_option_overrides["xla_allow_excess_precision"];
+        assert_eq!(
+            precision.value,
+            Some(xla::option_override_proto::Value::BoolField(false))
         );
     }
 }
