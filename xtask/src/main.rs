@@ -132,8 +132,10 @@ fn bridge_tests() -> Result<(), String> {
         .args(["--no-deps", "--force-reinstall"])
         .arg(&wheel))?;
     let status = Command::new(venv_python())
-        .args(["-m", "pytest", "-q", &format!("{BRIDGE}/tests")])
+        .args(["-m", "pytest", "-q", "-rs", &format!("{BRIDGE}/tests")])
         .env("TPU_RS_PLUGIN", "xla-cpu")
+        // Everything the suite uses is installed above: a skip is a failure.
+        .env("TORCH_TPU_FAIL_ON_SKIP", "1")
         .status()
         .map_err(|e| format!("running pytest: {e}"))?;
     match status.code() {

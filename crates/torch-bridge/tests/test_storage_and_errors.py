@@ -1,0 +1,144 @@
+"""Storages that match their tensors, exact integer ranges, device and index
+errors, batch norm and attention against the CPU, and device memory that
+stays flat over training."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close
+
+
+def test_storages_hold_their_bytes_at_distinct_addresses():
+    a, b = torch.randn(3, 4).to("tpu"), torch.randn(3, 4).to("tpu")
+    assert a.untyped_storage().nbytes() == 48
+    assert a.data_ptr() != b.data_ptr()
+    assert a[1:].data_ptr() == a.data_ptr() + 16
+    assert a.t().data_ptr() == a.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, v, q: x @ v,
+        lambda x, v, q: v.__rmatmul__(x),
+        lambda x, v, q: torch.quantile(q, 0.3),
+        lambda x, v, q: torch.rot90(x),
+        lambda x, v, q: x.t_().contiguous() if x.device.type == "cpu" else x.clone().t_(),
+        lambda x, v, q: x[:, :, None, None].contiguous(),
+        lambda x, v, q: x.clone().unsqueeze_(0).squeeze_(0),
+        lambda x, v, q: F.bilinear(x[:2, :3], x[:2], torch.ones(5, 3, 3, dtype=x.dtype, device=x.device)),
+    ],
+)
+def test_results_fit_their_storage(fn, mode):
+    x, v, q = torch.randn(5, 3), torch.randn(3), torch.randn(10)
+    want = fn(x.clone(), v, q)
+    got = fn(x.to("tpu"), v.to("tpu"), q.to("tpu"))
+    assert_close(got, want)
+
+
+def test_integer_arange_is_exact_past_2_pow_53():
+    start = 2**62
+    got = torch.arange(start, start + 3, device="tpu")
+    assert got.cpu().tolist() == [start, start + 1, start + 2]
+    assert torch.arange(start + 10, start, -4, device="tpu").cpu().tolist() == [start + 10, start + 6, start + 2]
+
+
+def test_a_device_index_past_the_plugin_raises():
+    count = torch.tpu.device_count()
+    with pytest.raises(RuntimeError, match=f"device index {count + 3} is out of range.*{count} device"):
+        torch.zeros(2, device=f"tpu:{count + 3}")
+
+
+def test_debug_raises_index_error_for_out_of_range_indices():
+    x = torch.randn(4, 3).to("tpu")
+    with torch.tpu.set_eager_mode("debug"):
+        with pytest.raises(IndexError, match="index 100 is out of bounds for dimension 0 with size 4"):
+            x[torch.tensor([100]).to("tpu")]
+        with pytest.raises(IndexError, match="index_select: index 4"):
+            torch.index_select(x, 0, torch.tensor([4]).to("tpu"))
+        with pytest.raises(IndexError, match="gather"):
+            torch.gather(x, 1, torch.tensor([[3]]).to("tpu"))
+        assert_close(x[torch.tensor([-1]).to("tpu")], x.cpu()[[-1]])
+
+
+def test_index_put_impl_accumulates():
+    z, idx, vals = torch.zeros(5), torch.tensor([0, 1, 1, 3]), torch.randn(4)
+    want = torch.ops.aten._index_put_impl_(z.clone(), [idx], vals, True, False)
+    got = torch.ops.aten._index_put_impl_(z.to("tpu"), [idx.to("tpu")], vals.to("tpu"), True, False)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_native_batch_norm_equals_cpu(training, affine):
+    x = torch.randn(4, 3, 5, 5)
+    w, b = (torch.randn(3), torch.randn(3)) if affine else (None, None)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    t = lambda a: None if a is None else a.to("tpu")
+    trm, trv = rm.to("tpu"), rv.to("tpu")
+    want = torch.native_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+    got = torch.native_batch_norm(t(x), t(w), t(b), trm, trv, training, 0.1, 1e-5)
+    for g, c in zip(got, want):
+        assert_close(g, c)
+    assert_close(trm, rm)
+    assert_close(trv, rv)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"is_causal": True},
+        {"scale": 0.3},
+        {"mask": "bool"},
+        {"mask": "float"},
+    ],
+)
+def test_scaled_dot_product_attention_equals_cpu(kwargs, mode):
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    kwargs = dict(kwargs)
+    mask = kwargs.pop("mask", None)
+    if mask == "bool":
+        kwargs["attn_mask"] = torch.rand(2, 1, 6, 6) > 0.3
+    elif mask == "float":
+        kwargs["attn_mask"] = torch.randn(2, 1, 6, 6)
+    tpu_kwargs = {k_: (a.to("tpu") if isinstance(a, torch.Tensor) else a) for k_, a in kwargs.items()}
+    want = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"), **tpu_kwargs)
+    assert_close(got, want)
+
+
+def test_multi_head_attention_equals_cpu(mode):
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    want = mha(x, x, x)[0]
+    tpu = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    tpu.load_state_dict(mha.state_dict())
+    tpu = tpu.to("tpu")
+    tx = x.to("tpu")
+    assert_close(tpu(tx, tx, tx)[0], want)
+
+
+def test_as_strided_on_partial_views(mode):
+    base = torch.randn(20)
+    want = base[2:].as_strided((3, 2), (2, 3), 1)
+    got = base.to("tpu")[2:].as_strided((3, 2), (2, 3), 1)
+    assert_close(got, want)
+
+
+def test_device_memory_is_flat_over_training(mode):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)]
+    model = torch.nn.Sequential(*layers).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 32).to("tpu"), torch.randint(0, 10, (16,)).to("tpu")
+    allocated = {}
+    for step in range(1, 201):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if step in (50, 200):
+            loss.item()
+            allocated[step] = torch.tpu.memory_allocated()
+    assert allocated[200] == allocated[50], allocated
