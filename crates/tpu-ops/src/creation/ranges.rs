@@ -107,19 +107,23 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
     if step == 0.0 {
         return Err("arange step must be nonzero".into());
     }
-    let len = if all_ints {
-        // Exact: i64 arguments beyond 2^53 do not survive a trip through f64.
-        let (s, e, st) = (
-            i128::from(attrs.int_opt("start")?.unwrap_or(0)),
-            i128::from(attrs.int("end")?),
-            i128::from(attrs.int_opt("step")?.unwrap_or(1)),
-        );
-        let span = e - s;
-        // Ceiling division, for either sign of the step.
-        let n = span / st + i128::from(span % st != 0 && (span < 0) == (st < 0));
-        n as f64
+    // Integer arguments are read as integers: past 2^53 f64 loses them.
+    let ints = if all_ints {
+        Some((
+            attrs.int_opt("start")?.unwrap_or(0),
+            attrs.int("end")?,
+            attrs.int_opt("step")?.unwrap_or(1),
+        ))
     } else {
-        ((end - start) / step).ceil()
+        None
+    };
+    let len = match ints {
+        Some((s, e, st)) => {
+            let (span, st) = (i128::from(e) - i128::from(s), i128::from(st));
+            // Ceiling division, for either sign of the step.
+            (span / st + i128::from(span % st != 0 && (span < 0) == (st < 0))) as f64
+        }
+        None => ((end - start) / step).ceil(),
     };
     if len < 0.0 {
         return Err(format!(
@@ -136,16 +140,8 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
             "arange of integer dtype {dtype} needs integral start and step, got {start} and {step}"
         ));
     }
-    let exact = if dtype.is_float() {
-        None
-    } else if all_ints {
-        Some((
-            attrs.int_opt("start")?.unwrap_or(0),
-            attrs.int_opt("step")?.unwrap_or(1),
-        ))
-    } else {
-        Some((start as i64, step as i64))
-    };
+    let exact =
+        (!dtype.is_float()).then(|| ints.map_or((start as i64, step as i64), |(s, _, st)| (s, st)));
     Ok(Arange {
         start,
         step,
@@ -157,26 +153,27 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
 
 fn lower_arange(b: &mut Builder, a: &Arange) -> Value {
     let i = b.iota(DType::I64, &[a.len], 0);
-    let v = match a.exact {
-        Some((start, step)) => {
-            let step = b.int_constant(DType::I64, [a.len], step);
-            let start = b.int_constant(DType::I64, [a.len], start);
-            let scaled = b.binary("stablehlo.multiply", &i, &step);
-            b.binary("stablehlo.add", &scaled, &start)
-        }
+    let (i, start, step) = match a.exact {
+        Some((start, step)) => (
+            i,
+            b.int_constant(DType::I64, [a.len], start),
+            b.int_constant(DType::I64, [a.len], step),
+        ),
         None => {
             let compute = if a.dtype == DType::F64 {
                 DType::F64
             } else {
                 DType::F32
             };
-            let i = b.convert(&i, compute);
-            let step = b.constant(compute, [a.len], a.step);
-            let start = b.constant(compute, [a.len], a.start);
-            let scaled = b.binary("stablehlo.multiply", &i, &step);
-            b.binary("stablehlo.add", &scaled, &start)
+            (
+                b.convert(&i, compute),
+                b.constant(compute, [a.len], a.start),
+                b.constant(compute, [a.len], a.step),
+            )
         }
     };
+    let scaled = b.binary("stablehlo.multiply", &i, &step);
+    let v = b.binary("stablehlo.add", &scaled, &start);
     b.convert(&v, a.dtype)
 }
 
