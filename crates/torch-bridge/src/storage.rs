@@ -36,7 +36,7 @@ impl Storage {
             dtype,
             numel,
             device,
-            address: Address::allocate(numel.saturating_mul(dtype.size_in_bytes()))?,
+            address: Address::allocate(bytes_of(dtype, numel))?,
             value: Mutex::new(None),
         })
     }
@@ -70,7 +70,7 @@ impl Storage {
 
     /// Bytes the storage holds.
     pub fn nbytes(&self) -> usize {
-        self.numel * self.dtype.size_in_bytes()
+        bytes_of(self.dtype, self.numel)
     }
 
     /// The fake host address torch sees as the storage's data pointer.
@@ -133,6 +133,11 @@ impl Storage {
             }
         )
     }
+}
+
+/// Bytes of `numel` elements of `dtype`.
+fn bytes_of(dtype: DType, numel: usize) -> usize {
+    numel.saturating_mul(dtype.size_in_bytes())
 }
 
 /// Where a torch tensor's elements sit in its storage.

@@ -31,21 +31,26 @@ def _check_bounds(op, index, size, dim, negative=False):
         raise IndexError(f"aten::{op}: index {bad} is out of bounds for dimension {dim} with size {size} (tpu)")
 
 
+def _check_along(op, self, dim, index):
+    """:func:`_check_bounds` for an ``index`` into ``self`` along ``dim``."""
+    _check_bounds(op, index, self.shape[dim] if self.ndim else 1, dim)
+
+
 @kernel("index_select")
 def index_select(self, dim, index):
-    _check_bounds("index_select", index, self.shape[dim] if self.ndim else 1, dim)
+    _check_along("index_select", self, dim, index)
     return run("index_select", [self, index], {"dim": dim})
 
 
 @kernel("gather")
 def gather(self, dim, index, *, sparse_grad=False):
-    _check_bounds("gather", index, self.shape[dim] if self.ndim else 1, dim)
+    _check_along("gather", self, dim, index)
     return run("gather", [self, index], {"dim": dim})
 
 
 @kernel("scatter.src")
 def scatter_src(self, dim, index, src):
-    _check_bounds("scatter", index, self.shape[dim] if self.ndim else 1, dim)
+    _check_along("scatter", self, dim, index)
     return run("scatter", [self, index, src], {"dim": dim})
 
 
@@ -57,13 +62,13 @@ def scatter_value(self, dim, index, value):
 
 @kernel("scatter_add")
 def scatter_add(self, dim, index, src):
-    _check_bounds("scatter_add", index, self.shape[dim] if self.ndim else 1, dim)
+    _check_along("scatter_add", self, dim, index)
     return run("scatter_add", [self, index, src], {"dim": dim})
 
 
 @kernel("index_add")
 def index_add(self, dim, index, source, *, alpha=1):
-    _check_bounds("index_add", index, self.shape[dim] if self.ndim else 1, dim)
+    _check_along("index_add", self, dim, index)
     if alpha != 1:
         source = run("mul", [source, alpha], None, source.dtype)
     return run("index_add", [self, index, source], {"dim": dim})

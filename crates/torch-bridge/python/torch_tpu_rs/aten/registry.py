@@ -128,28 +128,27 @@ def raw(*names):
     return register
 
 
-def view(*names):
-    """Registers view ops: their Meta kernels compute the new sizes, strides
-    and offset and alias the same storage, which is all a view is."""
+def _redispatching(names, keys):
+    """Registers ``names`` as the same op run under ``keys`` instead."""
     for name in names:
         op = _overload(name)
 
         def kernel(*args, _op=op, **kwargs):
-            return _op.redispatch(_META, *args, **kwargs)
+            return _op.redispatch(keys, *args, **kwargs)
 
         _register(name, kernel, "view")
+
+
+def view(*names):
+    """Registers view ops: their Meta kernels compute the new sizes, strides
+    and offset and alias the same storage, which is all a view is."""
+    _redispatching(names, _META)
 
 
 def rebind(*names):
     """Registers ops that bind a tensor to a storage: PyTorch's CPU kernels
     set the storage, sizes and strides and touch no data."""
-    for name in names:
-        op = _overload(name)
-
-        def kernel(*args, _op=op, **kwargs):
-            return _op.redispatch(_CPU, *args, **kwargs)
-
-        _register(name, kernel, "view")
+    _redispatching(names, _CPU)
 
 
 # ---- Ops without a kernel. ----

@@ -61,7 +61,7 @@ def resize_(self, size, *, memory_format=None):
         # Same elements, new shape: keep the data.
         return self.set_(self.view(size))
     # New elements (out= tensors PyTorch made empty): a fresh storage.
-    return self.set_(_C.empty(size, self.dtype, self.device.index or 0))
+    return self.set_(_C.empty(size, self.dtype, _index(self.device)))
 
 
 @raw("copy_")
