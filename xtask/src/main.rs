@@ -13,9 +13,12 @@ use std::process::{Command, ExitCode};
 /// well-known types it imports, and libclang for bindgen.
 const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev", "libclang-dev"];
 
+/// The plugin the main job and most tests run on: the default CPU plugin.
+const DEFAULT_PLUGIN: &str = "jax-cpu";
+
 /// Plugins the tests run on: two CPU plugins with different PJRT API versions,
 /// and libtpu for the no-TPU error path.
-const TEST_PLUGINS: &[&str] = &["xla-cpu", "jax-cpu", "tpu"];
+const TEST_PLUGINS: &[&str] = &[DEFAULT_PLUGIN, "xla-cpu", "tpu"];
 
 /// The Python packages tests compare against (and the bridge's build and
 /// test tools), pinned.
@@ -43,8 +46,8 @@ fn main() -> ExitCode {
     }
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
-        "setup" => setup(&["xla-cpu"]),
-        "run" => setup(&["xla-cpu"]).and_then(|()| main_job()),
+        "setup" => setup(&[DEFAULT_PLUGIN]),
+        "run" => setup(&[DEFAULT_PLUGIN]).and_then(|()| main_job()),
         "test" => setup(TEST_PLUGINS)
             .and_then(|()| python_env())
             .and_then(|()| test()),
@@ -133,7 +136,7 @@ fn bridge_tests() -> Result<(), String> {
         .arg(&wheel))?;
     let status = Command::new(venv_python())
         .args(["-m", "pytest", "-q", "-rs", &format!("{BRIDGE}/tests")])
-        .env("TPU_RS_PLUGIN", "xla-cpu")
+        .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN)
         // Everything the suite uses is installed above: a skip is a failure.
         .env("TORCH_TPU_FAIL_ON_SKIP", "1")
         .status()
@@ -153,15 +156,15 @@ fn test() -> Result<(), String> {
         .join(venv_python());
     run(cargo()
         .args(["test", "--workspace", "--release"])
-        .env("TPU_RS_PLUGIN", "xla-cpu")
+        .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN)
         .env("TPU_RS_REQUIRE_LIBTPU", "1")
         .env("TPU_RS_TORCH_PYTHON", &python)
         .env("TPU_RS_REQUIRE_TORCH", "1"))?;
-    // The runtime and op suites again on a plugin with a newer PJRT API.
+    // The runtime and op suites again on a plugin with an older PJRT API.
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
         .args(["-p", "tpu-ops", "--test", "conformance"])
-        .env("TPU_RS_PLUGIN", "jax-cpu"))?;
+        .env("TPU_RS_PLUGIN", "xla-cpu"))?;
     bridge_tests()
 }
 

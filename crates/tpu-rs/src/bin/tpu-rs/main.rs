@@ -8,7 +8,7 @@ use tpu_rs::discovery::{self, KNOWN_PLUGINS};
 use tpu_rs::{Plugin, Runtime};
 
 const USAGE: &str = "usage:
-  tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu, xla-cpu, jax-cpu, tpu)
+  tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu = jax-cpu, xla-cpu, tpu)
   tpu-rs plugin list                        known plugins and where they are installed
   tpu-rs devices                            the devices of the plugin TPU_RS_PLUGIN selects";
 
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
 fn install_plugins(words: &[&str]) -> Result<(), String> {
     let force = words.contains(&"--force");
     for name in words.iter().filter(|w| !w.starts_with("--")) {
-        let name = if *name == "cpu" { "xla-cpu" } else { name };
+        let name = if *name == "cpu" { "jax-cpu" } else { name };
         let plugin = discovery::known_plugin(name).ok_or_else(|| {
             let names: Vec<&str> = KNOWN_PLUGINS.iter().map(|p| p.name).collect();
             format!("unknown plugin `{name}`; known: {}", names.join(", "))
