@@ -1,17 +1,20 @@
 //! The compile cache: each distinct program is compiled once per client.
-//! An in-memory LRU tier, and an optional on-disk tier of serialized
-//! executables (`TPU_RS_CACHE_DIR`) that a later process loads instead of
+//! An in-memory LRU tier, and an on-disk tier of serialized executables
+//! ([`DiskCache`], on by default) that a later process loads instead of
 //! compiling.
 
+mod disk;
+
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::pjrt::{Client, CompileOptions, Executable};
+
+pub use disk::DiskCache;
 
 /// What identifies a compiled program: the program text (which carries its
 /// input types), the options (replicas, partitions, placement), and the
@@ -53,7 +56,7 @@ pub struct CacheStats {
 /// An in-memory LRU cache of executables.
 pub struct CompileCache {
     capacity: usize,
-    disk: Option<PathBuf>,
+    disk: Option<DiskCache>,
     entries: Mutex<Entries>,
     compiles: AtomicU64,
     hits: AtomicU64,
@@ -77,17 +80,17 @@ impl CompileCache {
         }
     }
 
-    /// A cache that also keeps serialized executables in `dir`.
-    pub fn with_disk(capacity: usize, dir: impl Into<PathBuf>) -> CompileCache {
+    /// A cache that also keeps serialized executables in `disk`.
+    pub fn with_disk(capacity: usize, disk: DiskCache) -> CompileCache {
         CompileCache {
-            disk: Some(dir.into()),
+            disk: Some(disk),
             ..CompileCache::new(capacity)
         }
     }
 
     /// The on-disk tier's folder, if any.
     pub fn disk_dir(&self) -> Option<&Path> {
-        self.disk.as_deref()
+        self.disk.as_ref().map(DiskCache::dir)
     }
 
     /// The cached executable for `program`, compiling it on a miss.
@@ -122,58 +125,52 @@ impl CompileCache {
         self.compile_nanos.fetch_add(nanos, Ordering::Relaxed);
         self.compiles.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(program = %executable.signature().name, ms = nanos / 1_000_000, "compiled");
-        self.store_on_disk(&key, &executable);
+        self.store_on_disk(client, &key, &executable);
         self.insert(key, executable.clone());
         Ok(executable)
     }
 
-    /// The on-disk file of `key` and the text that identifies it exactly.
-    fn disk_entry(&self, key: &CacheKey) -> Option<(PathBuf, String)> {
-        let dir = self.disk.as_ref()?;
-        let identity = format!("{}\n{:?}\n{}", key.plugin, key.options, key.program);
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        identity.hash(&mut hasher);
-        Some((dir.join(format!("{:016x}.pjrt", hasher.finish())), identity))
+    /// The text that names `key` exactly on disk: plugin, options, program.
+    fn identity(key: &CacheKey) -> String {
+        format!("{}\n{:?}\n{}", key.plugin, key.options, key.program)
+    }
+
+    /// The disk tier, where `client`'s plugin can use one.
+    fn disk_for(&self, client: &Client) -> Option<&DiskCache> {
+        let path = client.plugin().path();
+        let safe =
+            crate::pjrt::discovery::known_plugin_at(path).is_none_or(|p| p.serializes_safely);
+        self.disk.as_ref().filter(|_| safe)
     }
 
     fn load_from_disk(&self, client: &Client, key: &CacheKey) -> Option<Executable> {
-        let (path, identity) = self.disk_entry(key)?;
-        let bytes = std::fs::read(&path).ok()?;
-        // Layout: identity length (u64 LE), identity, executable bytes. A
-        // hash collision or a stale file fails the identity check.
-        let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?) as usize;
-        let stored = bytes.get(8..8 + len)?;
-        if stored != identity.as_bytes() {
-            return None;
-        }
-        match client.deserialize(&bytes[8 + len..], &key.program, &key.options) {
+        let disk = self.disk_for(client)?;
+        let bytes = disk.load(&Self::identity(key))?;
+        match client.deserialize(&bytes, &key.program, &key.options) {
             Ok(exe) => Some(exe),
             Err(e) => {
-                tracing::warn!("ignoring unloadable cache entry {}: {e}", path.display());
+                tracing::warn!(
+                    "ignoring an unloadable cache entry in {}: {e}",
+                    disk.dir().display()
+                );
                 None
             }
         }
     }
 
-    fn store_on_disk(&self, key: &CacheKey, executable: &Executable) {
-        let Some((path, identity)) = self.disk_entry(key) else {
+    fn store_on_disk(&self, client: &Client, key: &CacheKey, executable: &Executable) {
+        let Some(disk) = self.disk_for(client) else {
             return;
         };
-        let write = || -> std::io::Result<()> {
-            let bytes = executable.serialize().map_err(std::io::Error::other)?;
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut data = (identity.len() as u64).to_le_bytes().to_vec();
-            data.extend_from_slice(identity.as_bytes());
-            data.extend_from_slice(&bytes);
-            // Write then rename, so a concurrent reader never sees half a file.
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, data)?;
-            std::fs::rename(&tmp, &path)
-        };
-        if let Err(e) = write() {
-            tracing::warn!("could not write cache entry {}: {e}", path.display());
+        let stored = executable
+            .serialize()
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| disk.store(&Self::identity(key), &bytes));
+        if let Err(e) = stored {
+            tracing::warn!(
+                "could not write a cache entry in {}: {e}",
+                disk.dir().display()
+            );
         }
     }
 
@@ -247,11 +244,12 @@ impl CompileCache {
 }
 
 impl Default for CompileCache {
-    /// 1024 executables in memory, plus `TPU_RS_CACHE_DIR` on disk when set.
+    /// 1024 executables in memory, plus the disk tier the environment
+    /// selects ([`DiskCache::from_env`]).
     fn default() -> CompileCache {
-        match std::env::var_os("TPU_RS_CACHE_DIR") {
-            Some(dir) if !dir.is_empty() => CompileCache::with_disk(1024, dir),
-            _ => CompileCache::new(1024),
+        match DiskCache::from_env() {
+            Some(disk) => CompileCache::with_disk(1024, disk),
+            None => CompileCache::new(1024),
         }
     }
 }

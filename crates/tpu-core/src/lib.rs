@@ -34,7 +34,7 @@ mod shape;
 pub mod stablehlo;
 mod tensor;
 
-pub use cache::{CacheStats, CompileCache};
+pub use cache::{CacheStats, CompileCache, DiskCache};
 pub use device::{Device, ParseDeviceError};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorCode, Result};

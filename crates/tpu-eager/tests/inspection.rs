@@ -254,13 +254,18 @@ fn an_mlp_training_step_compiles_on_step_one_only() {
     with_policy(DeferAndFuse::new(DeferConfig::default()), || {
         let (x, y) = batch();
         let mut model = Mlp::new();
-        let start = metrics().compiles;
+        // Programs built, whether compiled or loaded from the disk cache.
+        let built = || {
+            let m = metrics();
+            m.compiles + m.disk_hits
+        };
+        let start = built();
         let mut compiles = Vec::new();
         let mut losses = Vec::new();
         for step in 0..8 {
             // A new learning rate every step: a new value, not a new program.
             losses.push(model.step(&x, &y, 0.1 / (1.0 + step as f64)));
-            compiles.push(metrics().compiles - start);
+            compiles.push(built() - start);
         }
         assert!(
             (1..=4).contains(&compiles[0]),
@@ -294,43 +299,118 @@ fn child_runs_a_program_with_the_disk_cache() {
     println!("CHILD compiles={} disk_hits={}", m.compiles, m.disk_hits);
 }
 
+/// Runs the child above with `env` set (`None`: removed) and returns its
+/// compile and disk-hit counts.
+fn child_counts(env: &[(&str, Option<&std::path::Path>)]) -> (u64, u64) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_runs_a_program_with_the_disk_cache",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("TPU_RS_CACHE_CHILD", "1");
+    for (name, value) in env {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find_map(|l| l.find("CHILD").map(|i| l[i..].to_string()))
+        .unwrap_or_else(|| panic!("child said: {text}"));
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    };
+    (field("compiles="), field("disk_hits="))
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tpu-rs-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Whether this run's plugin keeps executables on disk (see
+/// `KnownPlugin::serializes_safely`).
+fn plugin_uses_disk_cache() -> bool {
+    let path = tpu_core::Runtime::global()
+        .unwrap()
+        .client()
+        .plugin()
+        .path();
+    tpu_core::pjrt::discovery::known_plugin_at(path).is_none_or(|p| p.serializes_safely)
+}
+
 #[test]
 fn a_second_process_loads_executables_instead_of_compiling() {
     let _serial = serial();
-    let dir = std::env::temp_dir().join(format!("tpu-rs-cache-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let run = || {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_runs_a_program_with_the_disk_cache",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("TPU_RS_CACHE_CHILD", "1")
-            .env("TPU_RS_CACHE_DIR", &dir)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let line = text
-            .lines()
-            .find_map(|l| l.find("CHILD").map(|i| l[i..].to_string()))
-            .unwrap_or_else(|| panic!("child said: {text}"));
-        let field = |name: &str| -> u64 {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{line}"))
-        };
-        (field("compiles="), field("disk_hits="))
-    };
-    let (compiles, hits) = run();
+    let dir = scratch_dir("cache-test");
+    let env = [("TPU_RS_CACHE_DIR", Some(dir.as_path()))];
+    if !plugin_uses_disk_cache() {
+        // The disk tier stays off: both processes compile.
+        assert_eq!(child_counts(&env).1, 0);
+        assert_eq!(
+            child_counts(&env).1,
+            0,
+            "a plugin without safe serialization read the disk"
+        );
+        return;
+    }
+    let (compiles, hits) = child_counts(&env);
     assert!(
         compiles >= 1 && hits == 0,
         "first process: {compiles} compiles, {hits} disk hits"
     );
-    let (compiles, hits) = run();
+    let (compiles, hits) = child_counts(&env);
     assert_eq!(compiles, 0, "second process compiled");
     assert!(hits >= 1);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_disk_cache_is_on_by_default_and_an_empty_folder_turns_it_off() {
+    let _serial = serial();
+    if !plugin_uses_disk_cache() {
+        return; // covered by the test above
+    }
+    let home = scratch_dir("cache-home");
+    // Plugins stay where they are; only the executable cache moves.
+    let plugins = tpu_core::pjrt::discovery::plugin_cache_dir();
+    let default = [
+        ("TPU_RS_CACHE_DIR", None),
+        ("XDG_CACHE_HOME", Some(home.as_path())),
+        ("TPU_RS_PLUGIN_DIR", Some(plugins.as_path())),
+    ];
+    let (first, _) = child_counts(&default);
+    assert!(first >= 1);
+    let stored = std::fs::read_dir(home.join("tpu-rs").join("executables"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(stored >= 1, "nothing stored under $XDG_CACHE_HOME/tpu-rs");
+    assert_eq!(
+        child_counts(&default).0,
+        0,
+        "the default cache was not used"
+    );
+
+    let empty = std::path::Path::new("");
+    let off = [
+        ("TPU_RS_CACHE_DIR", Some(empty)),
+        ("XDG_CACHE_HOME", Some(home.as_path())),
+        ("TPU_RS_PLUGIN_DIR", Some(plugins.as_path())),
+    ];
+    let (compiles, hits) = child_counts(&off);
+    assert_eq!(
+        (compiles, hits),
+        (first, 0),
+        "TPU_RS_CACHE_DIR= still read the disk"
+    );
+    let _ = std::fs::remove_dir_all(&home);
 }
