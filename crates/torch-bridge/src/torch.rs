@@ -235,7 +235,7 @@ pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
 
 /// A CPU torch tensor with `value`'s elements.
 pub fn download<'py>(py: Python<'py>, value: &Tensor) -> Result<Bound<'py, PyAny>> {
-    let host = HostBuffer::download(&*value.buffer()?)?;
+    let host = HostBuffer::download(&*value.elements()?)?;
     let api = api(py)?;
     let size = PyList::new(py, value.shape().dims())?;
     let dtype = torch_dtype(py, value.dtype())?;

@@ -29,6 +29,11 @@ pub enum TensorValue {
     Host(Arc<HostTensor>),
     /// In a device buffer (a `tpu` device).
     Device(Arc<Buffer>),
+    /// In a device buffer of another shape with the same elements in
+    /// row-major order: a reshape that ran no program. Programs reading it
+    /// reshape it inside (free in XLA); [`Tensor::buffer`] makes a buffer of
+    /// the tensor's own shape only when asked for one.
+    Reshaped(Arc<Buffer>),
     /// Not computed yet.
     Pending(Pending),
 }
@@ -101,6 +106,24 @@ impl Tensor {
         Tensor::new(ty, device, TensorValue::Device(buffer))
     }
 
+    /// A tensor of type `ty` holding `buffer`'s elements (same dtype and
+    /// element count) in row-major order: a reshape without a copy.
+    pub fn reshaped(buffer: Arc<Buffer>, ty: TensorType) -> Result<Tensor> {
+        if buffer.dtype() != ty.dtype || buffer.shape().numel() != ty.shape.numel() {
+            return Err(Error::InvalidInput {
+                op: "reshape".into(),
+                inputs: format!("{}{}", buffer.dtype(), buffer.shape()),
+                device: Device::Tpu(buffer.device()).to_string(),
+                reason: format!("cannot hold the elements of {ty}"),
+            });
+        }
+        if buffer.shape() == &ty.shape {
+            return Ok(Tensor::from_shared_buffer(buffer));
+        }
+        let device = Device::Tpu(buffer.device());
+        Ok(Tensor::new(ty, device, TensorValue::Reshaped(buffer)))
+    }
+
     /// A tensor whose value `pending.policy` will compute.
     pub fn pending(ty: TensorType, device: Device, pending: Pending) -> Tensor {
         Tensor::new(ty, device, TensorValue::Pending(pending))
@@ -163,11 +186,25 @@ impl Tensor {
         matches!(self.value(), TensorValue::Pending(_))
     }
 
-    /// The device buffer, computing a pending value first.
+    /// The device buffer, of this tensor's shape, computing a pending value
+    /// first.
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
+        if let TensorValue::Reshaped(base) = self.value() {
+            let buffer = Arc::new(reshape_on_device(&base, &self.inner.ty)?);
+            self.set_value(TensorValue::Device(buffer.clone()));
+            return Ok(buffer);
+        }
+        self.elements()
+    }
+
+    /// The device buffer holding this tensor's elements in row-major order,
+    /// computing a pending value first. Its shape may differ from the
+    /// tensor's (see [`TensorValue::Reshaped`]); programs that take it
+    /// reshape it themselves.
+    pub fn elements(&self) -> Result<Arc<Buffer>> {
         loop {
             match self.value() {
-                TensorValue::Device(b) => return Ok(b),
+                TensorValue::Device(b) | TensorValue::Reshaped(b) => return Ok(b),
                 TensorValue::Pending(p) => {
                     p.policy.materialize(self)?;
                     if self.is_pending() {
@@ -196,8 +233,17 @@ impl Tensor {
         match self.value() {
             TensorValue::Host(h) => Ok((*h).clone()),
             _ => {
-                let buffer = self.buffer()?;
-                Ok(HostTensor::from_buffer(&HostBuffer::download(&buffer)?))
+                let host = HostBuffer::download(&*self.elements()?)?;
+                let shaped = if host.shape() == self.shape() {
+                    host
+                } else {
+                    HostBuffer::from_bytes(
+                        host.bytes().to_vec(),
+                        self.dtype(),
+                        self.shape().clone(),
+                    )?
+                };
+                Ok(HostTensor::from_buffer(&shaped))
             }
         }
     }
@@ -208,8 +254,23 @@ impl std::fmt::Debug for Tensor {
         let state = match self.value() {
             TensorValue::Host(_) => "host",
             TensorValue::Device(_) => "device",
+            TensorValue::Reshaped(_) => "device, reshaped",
             TensorValue::Pending(_) => "pending",
         };
         write!(f, "Tensor({} on {}, {state})", self.ty(), self.device())
     }
+}
+
+/// A copy of `base` shaped as `ty`, by a one-op program.
+fn reshape_on_device(base: &Buffer, ty: &TensorType) -> Result<Buffer> {
+    let mut builder = crate::stablehlo::Builder::new("reshape");
+    let x = builder.parameter(TensorType::new(base.dtype(), base.shape().clone()));
+    let y = builder.reshape(&x, ty.shape.dims());
+    let program = builder.finish(&[y]);
+    let options = crate::pjrt::CompileOptions::on_device(base.device());
+    let executable = Runtime::global()?.compile(&program, &options)?;
+    executable
+        .run(&[base])?
+        .pop()
+        .ok_or_else(|| Error::Signature("a reshape program gave no result".into()))
 }

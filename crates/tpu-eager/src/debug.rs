@@ -122,7 +122,7 @@ impl ExecutionPolicy for Debug {
         };
         let outputs = self.strict.run(&call).map_err(fail)?;
         for out in &outputs {
-            out.buffer()
+            out.elements()
                 .and_then(|b| b.block_until_ready())
                 .map_err(fail)?;
         }

@@ -33,14 +33,22 @@ fn run_program(steps: &[Step], device: Device) -> Vec<Vec<f64>> {
     for s in steps {
         let a = vals[s.a % vals.len()].clone();
         let b = vals[s.b % vals.len()].clone();
-        let out = match s.op % 11 {
+        let out = match s.op % 12 {
             k if k < 6 => op(UNARY[k], &[&a]),
             k if k < 10 => op(BINARY[k - 6], &[&a, &b]),
-            _ => op_with(
+            10 => op_with(
                 "sum",
                 &[&a],
                 Attrs::new().with("dims", vec![-1i64]).with("keepdim", true),
             ),
+            // Flattened, through an op, and back: Strict reads and writes
+            // reshapes without programs of their own.
+            _ => {
+                let dims: Vec<i64> = a.shape().dims().iter().map(|&d| d as i64).collect();
+                let flat = op_with("reshape", &[&a], Attrs::new().with("shape", vec![-1i64]));
+                let y = op(UNARY[s.b % UNARY.len()], &[&flat]);
+                op_with("reshape", &[&y], Attrs::new().with("shape", dims))
+            }
         };
         vals.push(out);
     }
@@ -52,7 +60,7 @@ proptest! {
 
     #[test]
     fn policies_agree_with_each_other_and_the_reference(
-        steps in proptest::collection::vec((0usize..11, 0usize..64, 0usize..64).prop_map(|(op, a, b)| Step { op, a, b }), 1..24)
+        steps in proptest::collection::vec((0usize..12, 0usize..64, 0usize..64).prop_map(|(op, a, b)| Step { op, a, b }), 1..24)
     ) {
         let expected = run_program(&steps, Device::Cpu);
         for mode in MODES {
@@ -62,6 +70,41 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_strict_reshape_runs_no_program_and_reads_back_in_its_own_shape() {
+    let x = ramp(&[4, 6], 0.1, Device::Tpu(0));
+    let expected = values(&x);
+    with_eager_mode(EagerMode::Strict, || {
+        let before = tpu_core::metrics::metrics().executions;
+        let y = op_with("reshape", &[&x], Attrs::new().with("shape", vec![3i64, 8]));
+        let z = op_with("reshape", &[&y], Attrs::new().with("shape", vec![2i64, -1]));
+        assert_eq!(
+            tpu_core::metrics::metrics().executions,
+            before,
+            "a reshape ran a program"
+        );
+        assert_eq!(z.shape().dims(), &[2, 12]);
+        assert_eq!(values(&z), expected);
+        // A consumer reshapes inside its own program.
+        let doubled = op("add", &[&z, &z]);
+        let twice: Vec<f64> = expected.iter().map(|v| 2.0 * v).collect();
+        assert_close(&values(&doubled), &twice, 1e-6);
+        // Asked for a buffer, it gets one of its own shape.
+        let buffer = z.buffer().unwrap();
+        assert_eq!(buffer.shape().dims(), &[2, 12]);
+        assert_eq!(values(&z), expected);
+    })
+    .unwrap();
+    // DeferAndFuse takes a reshape Strict made as an input.
+    let y = with_eager_mode(EagerMode::Strict, || {
+        op_with("reshape", &[&x], Attrs::new().with("shape", vec![24i64]))
+    })
+    .unwrap();
+    let fused = with_eager_mode(EagerMode::DeferAndFuse, || values(&op("neg", &[&y]))).unwrap();
+    let negated: Vec<f64> = expected.iter().map(|v| -v).collect();
+    assert_close(&fused, &negated, 0.0);
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! Running one op: inference first (typed errors before any work), then the
 //! host reference or a single-op StableHLO program on a PJRT device.
 
+use std::fmt::Display;
+
 use super::{Attrs, OpDef};
 use crate::Runtime;
+use crate::Shape;
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
 use crate::pjrt::{Buffer, CompileOptions};
@@ -16,7 +19,7 @@ fn describe(types: &[TensorType]) -> String {
         .join(", ")
 }
 
-fn invalid(op: &OpDef, inputs: &[TensorType], device: &str, reason: String) -> Error {
+fn invalid(op: &OpDef, inputs: &[TensorType], device: impl Display, reason: String) -> Error {
     Error::InvalidInput {
         op: op.name.to_string(),
         inputs: describe(inputs),
@@ -26,12 +29,13 @@ fn invalid(op: &OpDef, inputs: &[TensorType], device: &str, reason: String) -> E
 }
 
 /// Checks arity and runs inference: the output types of `op` on `inputs`,
-/// or an error naming the op, the inputs and `device`.
+/// or an error naming the op, the inputs and `device` (formatted only for
+/// the error: this runs on every op).
 pub fn check_inputs(
     op: &OpDef,
     inputs: &[TensorType],
     attrs: &Attrs,
-    device: &str,
+    device: impl Display,
 ) -> Result<Vec<TensorType>> {
     if !op.arity.accepts(inputs.len()) {
         return Err(invalid(
@@ -68,9 +72,30 @@ pub fn run_reference(op: &OpDef, inputs: &[HostTensor], attrs: &Attrs) -> Result
 
 /// The StableHLO module computing `op` alone on inputs of `types`.
 pub fn single_op_program(op: &OpDef, types: &[TensorType], attrs: &Attrs) -> Result<String> {
+    let stored: Vec<&Shape> = types.iter().map(|t| &t.shape).collect();
+    single_op_program_over(op, types, &stored, attrs)
+}
+
+/// [`single_op_program`], with input `i` passed as a buffer of shape
+/// `stored[i]` that holds its elements in row-major order: the program
+/// reshapes it first (a free bitcast in XLA), so a reshape never needs a
+/// program of its own.
+pub fn single_op_program_over(
+    op: &OpDef,
+    types: &[TensorType],
+    stored: &[&Shape],
+    attrs: &Attrs,
+) -> Result<String> {
     let expected = check_inputs(op, types, attrs, "tpu")?;
     let mut builder = Builder::new(op.name);
-    let params: Vec<_> = types.iter().map(|t| builder.parameter(t.clone())).collect();
+    let params: Vec<_> = types
+        .iter()
+        .zip(stored)
+        .map(|(t, &shape)| {
+            let param = builder.parameter(TensorType::new(t.dtype, shape.clone()));
+            builder.reshape(&param, t.shape.dims())
+        })
+        .collect();
     let outputs = (op.lower)(&mut builder, &params, attrs)
         .map_err(|reason| invalid(op, types, "tpu", reason))?;
     let actual: Vec<TensorType> = outputs.iter().map(|v| v.ty().clone()).collect();

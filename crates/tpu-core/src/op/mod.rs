@@ -13,7 +13,9 @@ mod sample_gen;
 mod tape;
 
 pub use attrs::{Attr, Attrs};
-pub use dispatch::{check_inputs, run_on_device, run_reference, single_op_program};
+pub use dispatch::{
+    check_inputs, run_on_device, run_reference, single_op_program, single_op_program_over,
+};
 pub use host_tape::HostTape;
 pub use registry::{OpId, Registry, registry};
 pub use sample_gen::Gen;

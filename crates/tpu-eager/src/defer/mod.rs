@@ -134,7 +134,9 @@ impl DeferAndFuse {
                     None => foreign.push(t.clone()),
                 },
                 TensorValue::Device(b) => srcs.push(Src::External(graph.external(b))),
-                TensorValue::Host(_) => foreign.push(t.clone()),
+                // A reshape Strict made without a program, or a host value:
+                // given a buffer of its own shape first.
+                TensorValue::Reshaped(_) | TensorValue::Host(_) => foreign.push(t.clone()),
             }
         }
         if foreign.is_empty() {
@@ -272,9 +274,9 @@ impl DeferAndFuse {
                                 }
                             },
                             TensorValue::Device(b) => Src::External(state.graph.external(b)),
-                            TensorValue::Host(_) => {
+                            TensorValue::Reshaped(_) | TensorValue::Host(_) => {
                                 return Err(Error::Signature(
-                                    "a deferred input is on the host".into(),
+                                    "a deferred input left the device graph".into(),
                                 ));
                             }
                         }
