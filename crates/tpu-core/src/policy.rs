@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::Device;
 use crate::error::{Error, Result};
@@ -38,8 +38,14 @@ impl EagerMode {
         }
     }
 
-    /// The mode `TPU_RS_EAGER` selects (`strict` when unset).
+    /// The mode `TPU_RS_EAGER` selects (`strict` when unset), read once per
+    /// process: every op outside a scope asks for it.
     pub fn from_env() -> Result<EagerMode> {
+        static MODE: OnceLock<Result<EagerMode>> = OnceLock::new();
+        MODE.get_or_init(EagerMode::read_env).clone()
+    }
+
+    fn read_env() -> Result<EagerMode> {
         match std::env::var("TPU_RS_EAGER") {
             Err(_) => Ok(EagerMode::Strict),
             Ok(v) if v.is_empty() => Ok(EagerMode::Strict),
@@ -243,7 +249,7 @@ pub fn call(
     let op = registry.op(id);
     let device = device_of(op, inputs, device)?;
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ty().clone()).collect();
-    let outputs = check_inputs(op, &types, attrs, &device.to_string())?;
+    let outputs = check_inputs(op, &types, attrs, device)?;
     match device {
         Device::Cpu => {
             let values = inputs
