@@ -43,7 +43,40 @@ kernel("remainder.Tensor", "remainder.Scalar")(_binary("remainder"))
 kernel("bitwise_and.Tensor", "bitwise_and.Scalar")(_binary("bitwise_and"))
 kernel("bitwise_or.Tensor", "bitwise_or.Scalar")(_binary("bitwise_or"))
 kernel("bitwise_xor.Tensor", "bitwise_xor.Scalar")(_binary("bitwise_xor"))
-kernel("pow.Tensor_Tensor", "pow.Tensor_Scalar")(_binary("pow"))
+kernel("pow.Tensor_Tensor")(_binary("pow"))
+
+
+def _pow_by_value(x, exponent):
+    """``x ** exponent`` for the exponents PyTorch's CPU kernel computes
+    without ``pow`` (products, square roots, reciprocals), computed the same
+    way, so results match it bit for bit and skip the slow general power;
+    ``None`` for any other exponent."""
+    if exponent == 2:
+        return run("mul", [x, x])
+    if exponent == 3:
+        return run("mul", [run("mul", [x, x]), x])
+    if not x.dtype.is_floating_point:
+        return None
+    if exponent == 0.5:
+        return run("sqrt", [x])
+    if exponent == -0.5:
+        return run("reciprocal", [run("sqrt", [x])])
+    if exponent == -1:
+        return run("reciprocal", [x])
+    if exponent == -2:
+        return run("reciprocal", [run("mul", [x, x])])
+    return None
+
+
+@kernel("pow.Tensor_Scalar")
+def pow_tensor_scalar(self, exponent):
+    dtype = torch.result_type(self, exponent)
+    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+        x = self if self.dtype == dtype else run("cast", [self], {"dtype": dtype})
+        special = _pow_by_value(x, exponent)
+        if special is not None:
+            return special
+    return run("pow", [self, exponent], None, dtype)
 
 
 @kernel("pow.Scalar")
