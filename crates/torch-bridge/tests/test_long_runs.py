@@ -19,6 +19,15 @@ RUN = pathlib.Path(__file__).with_name("train_run.py")
 MODES = ["strict", "debug", "defer_and_fuse"]
 CASES = [("gpt2", "adamw"), ("gpt2", "sgd"), ("llama", "adamw")]
 
+#: Relative loss tolerance per optimizer. The tpu device's exp, tanh, erf
+#: and sums differ from PyTorch's CPU kernels by an ulp or so (the step-0
+#: loss differs by 1e-7); AdamW keeps that at the 1e-6 level for 30 steps,
+#: while SGD with lr 0.1 and momentum 0.9 (a loss that jumps up and down)
+#: amplifies it about a hundredfold by step 24. Bugs this test exists for
+#: (stale or aliased buffers, corrupted programs) move losses by 1e-3 and
+#: more within a few steps.
+TOLERANCE = {"adamw": 1e-5, "sgd": 1e-4}
+
 
 @functools.cache
 def train(model, optimizer, device, mode, repeat=0):
@@ -41,5 +50,5 @@ def test_long_run_equals_cpu_and_repeats(model, optimizer, mode):
     second = train(model, optimizer, "tpu", mode, 1)
     assert first == second, f"two runs of the same {mode} script differ"
     for step, (got, want) in enumerate(zip(first["losses"], cpu)):
-        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: tpu {got} vs cpu {want}"
+        assert abs(got - want) <= TOLERANCE[optimizer] * abs(want), f"step {step}: tpu {got} vs cpu {want}"
     assert len(first["losses"]) == STEPS
