@@ -61,9 +61,11 @@ pub fn set_mode(mode: EagerMode) -> Result<()> {
     Ok(())
 }
 
-/// Runs everything pending.
+/// Runs everything pending and waits until every value written to a tpu
+/// storage exists.
 pub fn synchronize() -> Result<()> {
-    Ok(current()?.flush(tpu_core::metrics::CutReason::Sync)?)
+    current()?.flush(tpu_core::metrics::CutReason::Sync)?;
+    crate::writes::wait_for_all()
 }
 
 /// Calls op `name` under the bridge's policy.

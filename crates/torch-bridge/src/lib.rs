@@ -16,6 +16,7 @@ mod ops;
 mod random;
 mod storage;
 mod torch;
+mod writes;
 
 use pyo3::prelude::*;
 

@@ -49,6 +49,7 @@ impl Storage {
             ));
         };
         let storage = Storage::empty(value.dtype(), value.shape().numel(), device)?;
+        crate::writes::note(&value);
         *storage.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         Ok(storage)
     }
@@ -99,6 +100,7 @@ impl Storage {
                 value.ty()
             )));
         }
+        crate::writes::note(&value);
         *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         Ok(())
     }
