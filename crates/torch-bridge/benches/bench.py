@@ -2,8 +2,12 @@
 
 1. Per-op eager overhead: small ops on ``tpu`` (Strict) against the same ops
    in PyTorch's CPU eager mode.
-2. A GPT-2-tiny training step (forward, backward, AdamW) on ``tpu`` under
-   Strict and DeferAndFuse against PyTorch CPU eager.
+2. A GPT-2 training step (4 layers, d=256, vocab 1024, batch 8 x 128;
+   forward, backward, AdamW) on ``tpu`` under Strict and DeferAndFuse
+   against PyTorch CPU eager: ms/step, the ratio, programs per step, the
+   time to issue a step (trace) and to finish it (execute), and the first
+   step's time (compiles, or loads from the on-disk cache when a previous
+   run left them there).
 
     python crates/torch-bridge/benches/bench.py [--steps N]
 """
@@ -34,7 +38,7 @@ def timed(fn, repeats, sync):
 
 def per_op(repeats):
     print(f"per-op eager time (median of 5 x {repeats} calls; results stay on the device)")
-    print(f"{'op':<24}{'cpu eager µs':>14}{'tpu strict µs':>15}{'tpu/cpu':>10}")
+    print(f"{'op':<24}{'cpu eager µs':>14}{'tpu strict µs':>15}{'tpu/cpu time':>14}")
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     cases = {
         "add [64,64]": lambda a, b: a + b,
@@ -49,16 +53,16 @@ def per_op(repeats):
     for name, fn in cases.items():
         cpu = timed(lambda: fn(x, y), repeats, lambda: None)
         tpu = timed(lambda: fn(tx, ty), repeats, torch.tpu.synchronize)
-        print(f"{name:<24}{cpu * 1e6:>14.1f}{tpu * 1e6:>15.1f}{tpu / cpu:>10.2f}")
+        print(f"{name:<24}{cpu * 1e6:>14.1f}{tpu * 1e6:>15.1f}{tpu / cpu:>14.2f}")
 
 
 def gpt2_step(steps):
-    config = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=512, n_positions=128)
+    config = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=1024, n_positions=128)
     torch.manual_seed(0)
     base = transformers.GPT2LMHeadModel(config)
     base.train()
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    batch = torch.randint(0, 512, (8, 64))
+    batch = torch.randint(0, config.vocab_size, (8, 128))
 
     def runner(device):
         model = copy.deepcopy(base).to(device)
@@ -80,26 +84,38 @@ def gpt2_step(steps):
         if mode is None:
             return timed(step, steps, sync), None
         with torch.tpu.set_eager_mode(mode):
-            for _ in range(3):  # compile and settle
+            start = time.perf_counter()
+            step().item()  # traces and compiles (or loads from the disk cache)
+            first = time.perf_counter() - start
+            for _ in range(2):  # settle
                 step().item()
             t = timed(step, steps, sync)
-            # Programs one step runs, counted on a step of its own.
+            # One step on its own: programs it runs, time to issue it (trace)
+            # and time until its results exist (execute).
             before = torch.tpu.metrics()["executions"]
+            start = time.perf_counter()
             step()
+            traced = time.perf_counter()
             sync()
+            done = time.perf_counter()
             programs = torch.tpu.metrics()["executions"] - before
-        return t, programs
+        return t, (programs, first, traced - start, done - traced)
 
     tokens = batch.numel()
     cpu, _ = measure("cpu")
-    strict, strict_runs = measure("tpu", torch.tpu.EagerMode.STRICT)
-    fused, fused_runs = measure("tpu", torch.tpu.EagerMode.DEFER_AND_FUSE)
-    print(f"\nGPT-2 tiny training step ({config.n_layer} layers, d={config.n_embd}, batch {tuple(batch.shape)}; "
-          f"median of 5 x {steps} steps)")
-    print(f"{'':<22}{'ms/step':>10}{'tokens/s':>11}{'programs/step':>15}{'vs cpu eager':>14}")
-    print(f"{'cpu eager (torch)':<22}{cpu * 1e3:>10.1f}{tokens / cpu:>11.0f}{'-':>15}{1.0:>14.2f}")
-    print(f"{'tpu strict':<22}{strict * 1e3:>10.1f}{tokens / strict:>11.0f}{strict_runs:>15.0f}{cpu / strict:>14.2f}")
-    print(f"{'tpu defer_and_fuse':<22}{fused * 1e3:>10.1f}{tokens / fused:>11.0f}{fused_runs:>15.0f}{cpu / fused:>14.2f}")
+    strict, strict_info = measure("tpu", torch.tpu.EagerMode.STRICT)
+    fused, fused_info = measure("tpu", torch.tpu.EagerMode.DEFER_AND_FUSE)
+    print(f"\nGPT-2 training step ({config.n_layer} layers, d={config.n_embd}, vocab {config.vocab_size}, "
+          f"batch {tuple(batch.shape)}, AdamW; median of 5 x {steps} steps)")
+    print(f"{'':<22}{'ms/step':>10}{'tokens/s':>11}{'speed vs cpu':>14}{'programs':>10}"
+          f"{'trace ms':>10}{'execute ms':>12}{'first step s':>14}")
+    print(f"{'cpu eager (torch)':<22}{cpu * 1e3:>10.1f}{tokens / cpu:>11.0f}{1.0:>14.2f}")
+    for name, t, (programs, first, trace, execute) in [
+        ("tpu strict", strict, strict_info),
+        ("tpu defer_and_fuse", fused, fused_info),
+    ]:
+        print(f"{name:<22}{t * 1e3:>10.1f}{tokens / t:>11.0f}{cpu / t:>14.2f}{programs:>10.0f}"
+              f"{trace * 1e3:>10.1f}{execute * 1e3:>12.1f}{first:>14.2f}")
     print(f"defer_and_fuse vs strict: {strict / fused:.2f}x")
 
 

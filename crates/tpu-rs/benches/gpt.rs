@@ -1,6 +1,11 @@
-//! GPT training step throughput (tokens/s) under Strict and DeferAndFuse,
-//! measured in one run. `cargo bench -p tpu-rs --bench gpt`.
+//! GPT training-step throughput (tokens/s) under Strict and DeferAndFuse,
+//! and PyTorch CPU eager's on the same model, measured in one run.
+//! `cargo bench -p tpu-rs --bench gpt`. PyTorch comes from
+//! `TPU_RS_TORCH_PYTHON`, else the workspace's `.venv`; without it the
+//! PyTorch column says so.
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Instant;
 
 use tpu_rs::Result;
@@ -10,68 +15,160 @@ use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
 
 const CONFIG: GptConfig = GptConfig {
-    vocab_size: 256,
-    block_size: 64,
-    n_layer: 2,
+    vocab_size: 1024,
+    block_size: 128,
+    n_layer: 4,
     n_head: 4,
-    n_embd: 64,
+    n_embd: 256,
 };
 const BATCH: usize = 8;
+const STEPS: usize = 10;
 
-/// Tokens per second and peak device MiB of the measured steps.
-fn tokens_per_second(mode: EagerMode, steps: usize) -> Result<(f64, f64)> {
-    with_eager_mode(mode, || -> Result<(f64, f64)> {
+/// What one measured run gives.
+struct Run {
+    tokens_per_second: f64,
+    /// Seconds of the first step (tracing and compiling included).
+    first_step: f64,
+    /// Peak device MiB over the measured steps.
+    peak_mib: f64,
+    /// Programs one step runs.
+    programs: u64,
+    /// Seconds to issue one step (trace), and then to finish it (execute).
+    trace: f64,
+    execute: f64,
+}
+
+fn measure(mode: EagerMode) -> Result<Run> {
+    with_eager_mode(mode, || -> Result<Run> {
         let device = Device::default();
         let store = ParamStore::new(device, DType::F32, 1);
         let model = Gpt::new(&store, CONFIG)?;
         let mut opt = AdamW::new(store.parameters(), 1e-3, 0.01);
         let n = BATCH * CONFIG.block_size;
-        let x = Tensor::from_vec(
-            (0..n as i64).map(|i| (i * 31 + 7) % 256).collect(),
-            [BATCH, CONFIG.block_size],
-            device,
-        )?;
-        let y = Tensor::from_vec(
-            (0..n as i64).map(|i| (i * 31 + 38) % 256).collect(),
-            [BATCH, CONFIG.block_size],
-            device,
-        )?;
-        let mut step = || -> Result<()> {
+        let vocab = CONFIG.vocab_size as i64;
+        let ids = |offset: i64| -> Result<Tensor> {
+            Tensor::from_vec(
+                (0..n as i64).map(|i| (i * 31 + offset) % vocab).collect(),
+                [BATCH, CONFIG.block_size],
+                device,
+            )
+        };
+        let (x, y) = (ids(7)?, ids(38)?);
+        // Issues one step; reading the loss finishes it.
+        let mut issue = || -> Result<Tensor> {
             let loss = model.loss(&x, &y)?;
             loss.backward()?;
             opt.step()?;
             opt.zero_grad();
-            loss.item()?;
+            Ok(loss)
+        };
+        let mut step = || -> Result<()> {
+            issue()?.item()?;
             Ok(())
         };
-        for _ in 0..3 {
-            step()?; // compile
+        let started = Instant::now();
+        step()?;
+        let first_step = started.elapsed().as_secs_f64();
+        for _ in 0..2 {
+            step()?; // settle: every program compiled
         }
         let base = tpu_core::metrics::metrics().live_device_bytes;
         tpu_core::metrics::reset_peak_device_bytes();
         let started = Instant::now();
-        for _ in 0..steps {
+        for _ in 0..STEPS {
             step()?;
         }
-        let rate = (steps * n) as f64 / started.elapsed().as_secs_f64();
+        let tokens_per_second = (STEPS * n) as f64 / started.elapsed().as_secs_f64();
         let peak = tpu_core::metrics::metrics()
             .peak_device_bytes
             .saturating_sub(base);
-        Ok((rate, peak as f64 / (1 << 20) as f64))
+        let before = tpu_core::metrics::metrics().executions;
+        let started = Instant::now();
+        let loss = issue()?;
+        let trace = started.elapsed().as_secs_f64();
+        loss.item()?;
+        let execute = started.elapsed().as_secs_f64() - trace;
+        Ok(Run {
+            tokens_per_second,
+            first_step,
+            peak_mib: peak as f64 / (1 << 20) as f64,
+            programs: tpu_core::metrics::metrics().executions - before,
+            trace,
+            execute,
+        })
     })?
 }
 
+/// PyTorch CPU eager's tokens/s on the same model, or why there is none.
+fn torch_cpu_eager() -> std::result::Result<f64, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = std::env::var("TPU_RS_TORCH_PYTHON")
+        .unwrap_or_else(|_| root.join("../../.venv/bin/python").display().to_string());
+    let c = CONFIG;
+    let out = Command::new(&python)
+        .arg(root.join("benches/torch_gpt_step.py"))
+        .args(
+            [
+                c.vocab_size,
+                c.block_size,
+                c.n_layer,
+                c.n_head,
+                c.n_embd,
+                BATCH,
+                STEPS,
+            ]
+            .map(|v| v.to_string()),
+        )
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("tokens/s "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "{python} gave no figure: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+}
+
 fn main() -> Result<()> {
-    let (strict, strict_peak) = tokens_per_second(EagerMode::Strict, 10)?;
-    let (fused, fused_peak) = tokens_per_second(EagerMode::DeferAndFuse, 10)?;
+    println!("{}", tpu_core::Runtime::global()?.describe(0)?);
+    let strict = measure(EagerMode::Strict)?;
+    let fused = measure(EagerMode::DeferAndFuse)?;
+    let torch = torch_cpu_eager();
+    let c = CONFIG;
+    let peer = match &torch {
+        Ok(rate) => format!(
+            "torch cpu eager {rate:.0} tokens/s; vs torch: strict {:.2}x, defer_and_fuse {:.2}x",
+            strict.tokens_per_second / rate,
+            fused.tokens_per_second / rate
+        ),
+        Err(why) => format!("torch cpu eager not measured ({why})"),
+    };
     println!(
-        "GPT {}x{}x{} (L={}, C={}) train step: strict {strict:.0} tokens/s, defer_and_fuse {fused:.0} tokens/s, speed-up {:.2}x; peak MiB strict {strict_peak:.2}, defer {fused_peak:.2}",
-        BATCH,
-        CONFIG.block_size,
-        CONFIG.vocab_size,
-        CONFIG.n_layer,
-        CONFIG.n_embd,
-        fused / strict
+        "GPT {BATCH}x{}x{} (L={}, C={}) train step: strict {:.0} tokens/s, defer_and_fuse {:.0} tokens/s, {peer}",
+        c.block_size,
+        c.vocab_size,
+        c.n_layer,
+        c.n_embd,
+        strict.tokens_per_second,
+        fused.tokens_per_second,
     );
+    println!(
+        "defer_and_fuse vs strict {:.2}x",
+        fused.tokens_per_second / strict.tokens_per_second
+    );
+    for (name, run) in [("strict", &strict), ("defer_and_fuse", &fused)] {
+        println!(
+            "{name:<15} programs/step {:>5}  trace {:>7.1} ms  execute {:>7.1} ms  first step {:.2} s  peak {:.1} MiB",
+            run.programs,
+            run.trace * 1e3,
+            run.execute * 1e3,
+            run.first_step,
+            run.peak_mib
+        );
+    }
     Ok(())
 }
