@@ -1,13 +1,13 @@
 //! Op arguments from Python: tensors (tpu views, CPU tensors, Python
 //! numbers) and attribute dictionaries.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use tpu_core::op::{Attr, Attrs};
-use tpu_core::{DType, HostTensor, Tensor};
+use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
 use crate::torch::{View, dtype_of, upload};
@@ -64,52 +64,14 @@ fn attr(key: &str, v: &Bound<'_, PyAny>) -> Result<Attr> {
     )))
 }
 
-/// Device-resident scalars by (dtype, bits, device): optimizer constants and
-/// wrapped Python numbers repeat every step, and an upload per op would
-/// dominate small ops. The least recently used value goes first, so the
-/// scalars that change every step (Adam's bias corrections) cycle through
-/// a fixed number of slots and steady-state training holds constant device
-/// memory.
-#[derive(Default)]
-struct ScalarCache {
-    slots: HashMap<ScalarKey, (Tensor, u64)>,
-    clock: u64,
-}
-
-/// A scalar's dtype, value bits and device.
-type ScalarKey = (DType, u64, usize);
-/// Scalars kept on the device: more than one training step uses.
-const SCALAR_CACHE_CAP: usize = 64;
-
-static SCALARS: Mutex<Option<ScalarCache>> = Mutex::new(None);
-
-/// A 0-dim tensor of `value` in `dtype` on `device`.
+/// A 0-dim tensor of `value` in `dtype` on `device` (device-resident and
+/// shared: see [`tpu_core::scalars`]).
 pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
-    let key = (dtype, value.to_bits(), device);
-    let mut cache = SCALARS.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.get_or_insert_with(ScalarCache::default);
-    cache.clock += 1;
-    let now = cache.clock;
-    if let Some((t, used)) = cache.slots.get_mut(&key) {
-        *used = now;
-        return Ok(t.clone());
-    }
-    let t = Tensor::from_host(
-        HostTensor::scalar(dtype, value),
+    Ok(tpu_core::scalars::scalar(
+        dtype,
+        value,
         tpu_core::Device::Tpu(device),
-    )?;
-    if cache.slots.len() >= SCALAR_CACHE_CAP {
-        let oldest = cache
-            .slots
-            .iter()
-            .min_by_key(|(_, (_, used))| *used)
-            .map(|(k, _)| *k);
-        if let Some(k) = oldest {
-            cache.slots.remove(&k);
-        }
-    }
-    cache.slots.insert(key, (t.clone(), now));
-    Ok(t)
+    )?)
 }
 
 fn is_number(v: &Bound<'_, PyAny>) -> bool {

@@ -30,6 +30,7 @@ pub mod op;
 pub mod pjrt;
 pub mod policy;
 mod runtime;
+pub mod scalars;
 mod shape;
 pub mod stablehlo;
 mod tensor;

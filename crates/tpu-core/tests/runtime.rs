@@ -506,3 +506,42 @@ fn discovery_finds_the_plugin_in_use() {
         plugin().path()
     );
 }
+
+#[test]
+fn device_scalars_are_uploaded_once_and_hold_their_values() {
+    use tpu_core::{Device, scalars::scalar};
+    let tpu = Device::Tpu(0);
+    let half = scalar(DType::F32, 0.5, tpu).unwrap();
+    assert!(
+        half.same(&scalar(DType::F32, 0.5, tpu).unwrap()),
+        "uploaded twice"
+    );
+    // Value bits and dtype are the key: -0.0, another dtype, NaN.
+    let negative_zero = scalar(DType::F32, -0.0, tpu).unwrap();
+    assert!(!negative_zero.same(&scalar(DType::F32, 0.0, tpu).unwrap()));
+    assert!(!half.same(&scalar(DType::BF16, 0.5, tpu).unwrap()));
+    assert!(
+        scalar(DType::F32, f64::NAN, tpu)
+            .unwrap()
+            .to_host()
+            .unwrap()
+            .to_f64()[[]]
+        .is_nan()
+    );
+    assert_eq!(half.to_host().unwrap().to_f64()[[]], 0.5);
+    assert_eq!(
+        negative_zero.to_host().unwrap().to_f64()[[]].to_bits(),
+        (-0.0f64).to_bits()
+    );
+    // Many distinct values (a schedule) cycle through a bounded cache, and
+    // every one still reads back right.
+    for i in 0..500 {
+        let v = 1.0 + f64::from(i) / 1024.0;
+        let t = scalar(DType::F32, v, tpu).unwrap();
+        assert_eq!(t.to_host().unwrap().to_f64()[[]], v);
+    }
+    // cpu scalars are plain host values.
+    let host = scalar(DType::I64, 7.0, Device::Cpu).unwrap();
+    assert_eq!(host.device(), Device::Cpu);
+    assert_eq!(host.to_host().unwrap().to_i64()[[]], 7);
+}

@@ -81,7 +81,10 @@ impl Tensor {
 
     /// A rank-0 tensor.
     pub fn scalar(value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        Tensor::from_host(HostTensor::scalar(dtype, value), device)
+        // Device scalars are shared: `x * 0.5` in a loop uploads 0.5 once.
+        Ok(Tensor::from_core(tpu_core::scalars::scalar(
+            dtype, value, device,
+        )?))
     }
 
     /// A tensor of `shape` filled with `value`.

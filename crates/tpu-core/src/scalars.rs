@@ -1,0 +1,57 @@
+//! Device-resident scalars, shared by every caller: the Python-style numbers
+//! of `x * 0.5`, optimizer constants and wrapped numbers repeat every step,
+//! and an upload per op would dominate small ops.
+//!
+//! The least recently used value goes first, so scalars that change every
+//! step (Adam's bias corrections) cycle through a fixed number of slots and
+//! steady-state training holds constant device memory.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::error::Result;
+use crate::host::HostTensor;
+use crate::{DType, Device, Tensor};
+
+/// A scalar's dtype, value bits and device index.
+type Key = (DType, u64, usize);
+
+/// Scalars kept per process: more than one training step uses.
+const CAPACITY: usize = 64;
+
+#[derive(Default)]
+struct Cache {
+    slots: HashMap<Key, (Tensor, u64)>,
+    clock: u64,
+}
+
+static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+
+/// A rank-0 tensor of `value` in `dtype` on `device` (on `tpu:N`, shared
+/// with every other request for the same value).
+pub fn scalar(dtype: DType, value: f64, device: Device) -> Result<Tensor> {
+    let Device::Tpu(index) = device else {
+        return Tensor::from_host(HostTensor::scalar(dtype, value), device);
+    };
+    let key = (dtype, value.to_bits(), index);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(Cache::default);
+    cache.clock += 1;
+    let now = cache.clock;
+    if let Some((t, used)) = cache.slots.get_mut(&key) {
+        *used = now;
+        return Ok(t.clone());
+    }
+    let t = Tensor::from_host(HostTensor::scalar(dtype, value), device)?;
+    if cache.slots.len() >= CAPACITY
+        && let Some(oldest) = cache
+            .slots
+            .iter()
+            .min_by_key(|(_, (_, used))| *used)
+            .map(|(k, _)| *k)
+    {
+        cache.slots.remove(&oldest);
+    }
+    cache.slots.insert(key, (t.clone(), now));
+    Ok(t)
+}
