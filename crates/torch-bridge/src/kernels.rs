@@ -31,6 +31,25 @@ pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
     Ok(instance)
 }
 
+/// The policy backward rules run under: the one in force, except that
+/// under Strict a rule runs deferred and fused (flushed by the caller), so
+/// the forward values it recomputes but does not read cost nothing.
+pub fn vjp_policy() -> Result<Arc<dyn ExecutionPolicy>> {
+    static FUSED: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
+    let policy = current()?;
+    if policy.mode() != EagerMode::Strict {
+        return Ok(policy);
+    }
+    let mut fused = FUSED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = fused.as_ref() {
+        return Ok(p.clone());
+    }
+    // One instance for the process, so its compiled plans are reused.
+    let instance = create(EagerMode::DeferAndFuse)?;
+    *fused = Some(instance.clone());
+    Ok(instance)
+}
+
 /// The mode TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
 /// is Debug, `TORCH_TPU_DEFER_AND_FUSE=1` is DeferAndFuse, else `TPU_RS_EAGER`.
 fn mode_from_env() -> Result<EagerMode> {

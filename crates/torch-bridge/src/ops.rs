@@ -122,6 +122,10 @@ pub fn from_cpu<'py>(
 /// The gradients of op `op`'s inputs given its output gradients `grads`
 /// (one per output; `None` is zero), by the op's own backward rule. The
 /// forward is recomputed on the tape; `None` where an input gets none.
+///
+/// Under Strict the rule runs as one fused program: the parts of the
+/// forward it does not read are never computed (a convolution's backward
+/// does not run the convolution again).
 #[pyfunction]
 #[pyo3(signature = (op, inputs, grads, attrs=None))]
 pub fn vjp<'py>(
@@ -136,7 +140,8 @@ pub fn vjp<'py>(
     let def = registry()
         .and_then(|r| r.get(op))
         .map_err(BridgeError::from)?;
-    let _scope = tpu_core::policy::EagerModeGuard::with_policy(crate::kernels::current()?);
+    let policy = crate::kernels::vjp_policy()?;
+    let _scope = tpu_core::policy::EagerModeGuard::with_policy(policy.clone());
     let mut tape = GradTape::new();
     let vars: Vec<_> = xs.into_iter().map(|x| tape.input(x)).collect();
     let outputs = tape
@@ -156,6 +161,9 @@ pub fn vjp<'py>(
     }
     let result = tape
         .backward_rule(def, &attrs, &vars, &outputs, &gs)
+        .map_err(BridgeError::from)?;
+    policy
+        .flush(tpu_core::metrics::CutReason::Backward)
         .map_err(BridgeError::from)?;
     result
         .into_iter()
