@@ -160,10 +160,12 @@ fn test() -> Result<(), String> {
         .env("TPU_RS_REQUIRE_LIBTPU", "1")
         .env("TPU_RS_TORCH_PYTHON", &python)
         .env("TPU_RS_REQUIRE_TORCH", "1"))?;
-    // The runtime and op suites again on a plugin with an older PJRT API.
+    // The runtime, op and collective suites again on a plugin with an older
+    // PJRT API.
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
         .args(["-p", "tpu-ops", "--test", "conformance"])
+        .args(["-p", "tpu-dist", "--test", "collectives"])
         .env("TPU_RS_PLUGIN", "xla-cpu"))?;
     bridge_tests()
 }

@@ -139,6 +139,8 @@ pub struct Builder {
     body: String,
     next_id: usize,
     depth: usize,
+    /// Replicas the module runs as (`mhlo.num_replicas`), for collectives.
+    replicas: Option<usize>,
 }
 
 impl Builder {
@@ -160,7 +162,14 @@ impl Builder {
             body: String::new(),
             next_id: 0,
             depth: 2,
+            replicas: None,
         }
+    }
+
+    /// Marks the module as running as `n` replicas, one per device, which
+    /// cross-replica collectives (`stablehlo.all_reduce`, ...) span.
+    pub fn set_replicas(&mut self, n: usize) {
+        self.replicas = Some(n);
     }
 
     fn fresh(&mut self, ty: TensorType) -> Value {
@@ -311,8 +320,14 @@ impl Builder {
                 None => format!("{v}: {}", mlir_type(&v.ty)),
             })
             .collect();
+        let attributes = match self.replicas {
+            Some(n) => format!(
+                " attributes {{mhlo.num_replicas = {n} : i32, mhlo.num_partitions = 1 : i32}}"
+            ),
+            None => String::new(),
+        };
         format!(
-            "module @{} {{\n  func.func public @main({}) -> ({}) {{\n{}  }}\n}}\n",
+            "module @{}{attributes} {{\n  func.func public @main({}) -> ({}) {{\n{}  }}\n}}\n",
             self.name,
             params.join(", "),
             types.join(", "),

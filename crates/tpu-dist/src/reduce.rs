@@ -1,0 +1,57 @@
+//! How a reducing collective combines its members' values.
+
+use std::fmt;
+
+use tpu_core::DType;
+
+/// The reduction of [`crate::DeviceGroup::all_reduce`] and
+/// [`crate::DeviceGroup::reduce_scatter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Elementwise sum (`or` on booleans).
+    Sum,
+    /// Elementwise sum divided by the group size (floating dtypes only).
+    Mean,
+    /// Elementwise maximum (`or` on booleans).
+    Max,
+    /// Elementwise minimum (`and` on booleans).
+    Min,
+    /// Elementwise product (`and` on booleans).
+    Prod,
+}
+
+impl ReduceOp {
+    /// The StableHLO op combining two scalars of `dtype`, or why `dtype`
+    /// cannot be reduced so.
+    pub(crate) fn combiner(self, dtype: DType) -> Result<&'static str, String> {
+        if dtype == DType::Bool {
+            return Ok(match self {
+                ReduceOp::Sum | ReduceOp::Max => "stablehlo.or",
+                ReduceOp::Min | ReduceOp::Prod => "stablehlo.and",
+                ReduceOp::Mean => return Err("a mean of booleans is not defined".into()),
+            });
+        }
+        Ok(match self {
+            ReduceOp::Sum => "stablehlo.add",
+            ReduceOp::Mean if dtype.is_float() => "stablehlo.add",
+            ReduceOp::Mean => {
+                return Err(format!("a mean needs a floating dtype, got {dtype}"));
+            }
+            ReduceOp::Max => "stablehlo.maximum",
+            ReduceOp::Min => "stablehlo.minimum",
+            ReduceOp::Prod => "stablehlo.multiply",
+        })
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Prod => "prod",
+        })
+    }
+}
