@@ -137,10 +137,9 @@ impl CompileCache {
 
     /// The disk tier, where `client`'s plugin can use one.
     fn disk_for(&self, client: &Client) -> Option<&DiskCache> {
-        let path = client.plugin().path();
-        let safe =
-            crate::pjrt::discovery::known_plugin_at(path).is_none_or(|p| p.serializes_safely);
-        self.disk.as_ref().filter(|_| safe)
+        self.disk
+            .as_ref()
+            .filter(|_| client.plugin().serializes_safely())
     }
 
     fn load_from_disk(&self, client: &Client, key: &CacheKey) -> Option<Executable> {

@@ -233,17 +233,10 @@ impl Tensor {
         match self.value() {
             TensorValue::Host(h) => Ok((*h).clone()),
             _ => {
-                let host = HostBuffer::download(&*self.elements()?)?;
-                let shaped = if host.shape() == self.shape() {
-                    host
-                } else {
-                    HostBuffer::from_bytes(
-                        host.bytes().to_vec(),
-                        self.dtype(),
-                        self.shape().clone(),
-                    )?
-                };
-                Ok(HostTensor::from_buffer(&shaped))
+                // The elements may sit in a buffer of another shape.
+                let host =
+                    HostBuffer::download(&*self.elements()?)?.reshaped(self.shape().clone())?;
+                Ok(HostTensor::from_buffer(&host))
             }
         }
     }

@@ -337,15 +337,13 @@ fn scratch_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Whether this run's plugin keeps executables on disk (see
-/// `KnownPlugin::serializes_safely`).
+/// Whether this run's plugin keeps executables on disk.
 fn plugin_uses_disk_cache() -> bool {
-    let path = tpu_core::Runtime::global()
+    tpu_core::Runtime::global()
         .unwrap()
         .client()
         .plugin()
-        .path();
-    tpu_core::pjrt::discovery::known_plugin_at(path).is_none_or(|p| p.serializes_safely)
+        .serializes_safely()
 }
 
 #[test]

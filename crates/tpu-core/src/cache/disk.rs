@@ -38,7 +38,9 @@ impl DiskCache {
         let dir = match std::env::var_os("TPU_RS_CACHE_DIR") {
             Some(dir) if dir.is_empty() => return None,
             Some(dir) => PathBuf::from(dir),
-            None => user_cache_dir()?.join("tpu-rs").join("executables"),
+            None => crate::pjrt::discovery::user_cache_dir()?
+                .join("tpu-rs")
+                .join("executables"),
         };
         let max_bytes = std::env::var("TPU_RS_CACHE_MAX_BYTES")
             .ok()
@@ -125,13 +127,6 @@ impl DiskCache {
         self.dir
             .join(format!("{:016x}.{EXTENSION}", hasher.finish()))
     }
-}
-
-fn user_cache_dir() -> Option<PathBuf> {
-    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    non_empty("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache")))
 }
 
 #[cfg(test)]

@@ -41,6 +41,11 @@ impl HostBuffer {
         })
     }
 
+    /// The same bytes under another shape of as many elements.
+    pub fn reshaped(self, shape: impl Into<Shape>) -> Result<HostBuffer> {
+        HostBuffer::from_bytes(self.bytes, self.dtype, shape)
+    }
+
     /// Copies a typed slice.
     pub fn from_slice<T: Element>(data: &[T], shape: impl Into<Shape>) -> Result<HostBuffer> {
         HostBuffer::from_bytes(T::as_bytes(data).to_vec(), T::DTYPE, shape)

@@ -112,11 +112,19 @@ pub fn plugin_cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("TPU_RS_PLUGIN_DIR") {
         return PathBuf::from(dir);
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
+    user_cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("tpu-rs")
+        .join("plugins")
+}
+
+/// The user's cache folder: `$XDG_CACHE_HOME`, else `~/.cache` (empty
+/// variables count as unset, as the XDG spec says).
+pub(crate) fn user_cache_dir() -> Option<PathBuf> {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    non_empty("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    cache.join("tpu-rs").join("plugins")
+        .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache")))
 }
 
 /// Folders that may hold pip-installed plugins: the active virtualenv and

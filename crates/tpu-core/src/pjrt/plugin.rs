@@ -135,6 +135,13 @@ impl Plugin {
         &self.path
     }
 
+    /// Whether the compile cache may keep this plugin's executables on disk:
+    /// true unless it is a known plugin whose serialization corrupts
+    /// programs ([`super::discovery::KnownPlugin::serializes_safely`]).
+    pub fn serializes_safely(&self) -> bool {
+        super::discovery::known_plugin_at(&self.path).is_none_or(|p| p.serializes_safely)
+    }
+
     /// The plugin's PJRT C API version as (major, minor).
     pub fn api_version(&self) -> (i32, i32) {
         self.api.version()

@@ -39,11 +39,14 @@ fn main() -> ExitCode {
 fn install_plugins(words: &[&str]) -> Result<(), String> {
     let force = words.contains(&"--force");
     for name in words.iter().filter(|w| !w.starts_with("--")) {
-        let name = if *name == "cpu" { "jax-cpu" } else { name };
-        let plugin = discovery::known_plugin(name).ok_or_else(|| {
-            let names: Vec<&str> = KNOWN_PLUGINS.iter().map(|p| p.name).collect();
-            format!("unknown plugin `{name}`; known: {}", names.join(", "))
-        })?;
+        // A platform (`cpu`) names its first plugin in discovery order.
+        let by_platform = || KNOWN_PLUGINS.iter().find(|p| p.platform == *name);
+        let plugin = discovery::known_plugin(name)
+            .or_else(by_platform)
+            .ok_or_else(|| {
+                let names: Vec<&str> = KNOWN_PLUGINS.iter().map(|p| p.name).collect();
+                format!("unknown plugin `{name}`; known: {}", names.join(", "))
+            })?;
         let path = install::install(plugin, force)?;
         println!(
             "{} {} -> {}",
