@@ -210,12 +210,12 @@ pub(crate) fn run(
     if let Collective::Permute { pairs } = &collective
         && pairs.is_empty()
     {
-        return Err(invalid(group, name, xs, "no (source, target) pairs".into()));
+        return Err(group.invalid(name, xs, "no (source, target) pairs".into()));
     }
     let mut b = Builder::new(name);
     b.set_replicas(n);
     let x = b.parameter(ty);
-    let y = lower(&mut b, &collective, &x, n).map_err(|reason| invalid(group, name, xs, reason))?;
+    let y = lower(&mut b, &collective, &x, n).map_err(|reason| group.invalid(name, xs, reason))?;
     let program = b.finish(&[y]);
     let options = CompileOptions {
         num_replicas: n,
@@ -234,17 +234,4 @@ pub(crate) fn run(
                 .ok_or_else(|| Error::Signature(format!("`{name}` returned nothing")))
         })
         .collect()
-}
-
-fn invalid(group: &DeviceGroup, op: &str, xs: &[Tensor], reason: String) -> Error {
-    Error::InvalidInput {
-        op: op.to_string(),
-        inputs: xs
-            .iter()
-            .map(|x| x.ty().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        device: group.name(),
-        reason,
-    }
 }

@@ -128,12 +128,7 @@ impl DeviceGroup {
     /// it on the members' devices is done.
     pub fn barrier(&self) -> Result<()> {
         let tokens = (0..self.len())
-            .map(|r| {
-                Tensor::from_host(
-                    tpu_core::HostTensor::scalar(tpu_core::DType::I32, 1.0),
-                    self.device(r),
-                )
-            })
+            .map(|r| tpu_core::scalars::scalar(tpu_core::DType::I32, 1.0, self.device(r)))
             .collect::<Result<Vec<_>>>()?;
         for t in self.all_reduce(&tokens, ReduceOp::Sum)? {
             t.buffer()?.block_until_ready()?;
@@ -143,18 +138,7 @@ impl DeviceGroup {
 
     /// The type every member's input must have, or an error naming `op`.
     pub(crate) fn common_type(&self, op: &str, xs: &[Tensor]) -> Result<TensorType> {
-        let describe = || {
-            xs.iter()
-                .map(|x| format!("{} on {}", x.ty(), x.device()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let invalid = |reason: String| Error::InvalidInput {
-            op: op.to_string(),
-            inputs: describe(),
-            device: self.name(),
-            reason,
-        };
+        let invalid = |reason: String| self.invalid(op, xs, reason);
         if xs.len() != self.len() {
             return Err(invalid(format!(
                 "takes one tensor per member ({}), got {}",
@@ -181,8 +165,22 @@ impl DeviceGroup {
         Ok(xs[0].ty().clone())
     }
 
+    /// The error of collective `op` on `xs` over this group.
+    pub(crate) fn invalid(&self, op: &str, xs: &[Tensor], reason: String) -> Error {
+        Error::InvalidInput {
+            op: op.to_string(),
+            inputs: xs
+                .iter()
+                .map(|x| format!("{} on {}", x.ty(), x.device()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            device: self.name(),
+            reason,
+        }
+    }
+
     /// The group as errors name it: `tpu:{0, 1}`.
-    pub(crate) fn name(&self) -> String {
+    fn name(&self) -> String {
         let list: Vec<String> = self.devices.iter().map(ToString::to_string).collect();
         format!("tpu:{{{}}}", list.join(", "))
     }
