@@ -74,8 +74,8 @@ def pow_tensor_scalar(self, exponent):
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
         x = self if self.dtype == dtype else run("cast", [self], {"dtype": dtype})
         special = _pow_by_value(x, exponent)
-        if special is not None:
-            return special
+        # The cast input serves the general power too.
+        return special if special is not None else run("pow", [x, exponent], None, dtype)
     return run("pow", [self, exponent], None, dtype)
 
 
