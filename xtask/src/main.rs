@@ -9,9 +9,16 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-/// Debian packages the PJRT bindings need to build: protoc, the protobuf
-/// well-known types it imports, and libclang for bindgen.
-const APT_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev", "libclang-dev"];
+/// Debian packages the build needs: protoc, the protobuf well-known types
+/// it imports and libclang for the PJRT bindings; a C++ compiler and Gloo
+/// for tpu-dist's host leg.
+const APT_PACKAGES: &[&str] = &[
+    "protobuf-compiler",
+    "libprotobuf-dev",
+    "libclang-dev",
+    "g++",
+    "libgloo-dev",
+];
 
 /// The plugin the main job and most tests run on: the default CPU plugin.
 const DEFAULT_PLUGIN: &str = "jax-cpu";
@@ -175,7 +182,8 @@ fn test() -> Result<(), String> {
 fn install_system_packages() -> Result<(), String> {
     let has_protoc = Command::new("protoc").arg("--version").output().is_ok()
         && Path::new("/usr/include/google/protobuf/any.proto").exists();
-    if has_protoc && has_libclang() {
+    let has_gloo = Path::new("/usr/include/gloo/allreduce.h").exists();
+    if has_protoc && has_libclang() && has_gloo {
         return Ok(());
     }
     let as_root = Command::new("id")

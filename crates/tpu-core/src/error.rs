@@ -206,6 +206,42 @@ pub enum Error {
     /// A StableHLO program whose entry signature we cannot read.
     #[error("cannot read the signature of @main: {0}")]
     Signature(String),
+    /// The processes of a job could not meet: the rendezvous store is
+    /// unreachable, or a key was not set in time.
+    #[error("rendezvous at {address} failed: {reason}")]
+    Rendezvous {
+        /// The store's `host:port`.
+        address: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A collective across processes failed: a peer died, did not arrive
+    /// in time, or called it with another shape or dtype.
+    #[error("collective `{op}` #{seq} on rank {rank} of {world_size} failed{}: {reason}", missing_ranks(.missing))]
+    Collective {
+        /// The collective, e.g. `all_reduce`.
+        op: String,
+        /// Its sequence number in the group (0 for the first).
+        seq: u64,
+        /// The rank that reports it.
+        rank: usize,
+        /// The group's number of processes.
+        world_size: usize,
+        /// Ranks that did not reach this collective, where known.
+        missing: Vec<usize>,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// `" (ranks 1, 3 did not arrive)"`, or nothing when none are known.
+fn missing_ranks(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    let noun = if missing.len() == 1 { "rank" } else { "ranks" };
+    format!(" ({noun} {} did not arrive)", list.join(", "))
 }
 
 /// PJRT's status codes (the absl codes).

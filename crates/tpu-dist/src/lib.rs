@@ -20,8 +20,16 @@
 #![warn(missing_docs)]
 
 mod collective;
+mod env;
+mod gloo;
 mod group;
+mod layout;
+mod process;
 mod reduce;
+mod store;
 
+pub use env::{DEFAULT_TIMEOUT, JobOptions, timeout_from_env};
 pub use group::DeviceGroup;
+pub use process::ProcessGroup;
 pub use reduce::ReduceOp;
+pub use store::Store;

@@ -66,6 +66,11 @@ impl HostBuffer {
         &self.bytes
     }
 
+    /// The raw bytes, without a copy.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// The contents as a typed vector; `T` must match the dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {

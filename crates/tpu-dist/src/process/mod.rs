@@ -1,0 +1,562 @@
+//! Collectives across the processes of a job: the host leg.
+//!
+//! Rank 0 serves the rendezvous store; every rank connects a Gloo context
+//! through it. Each collective first exchanges a small signature (op,
+//! dtype, shape) so ranks that disagree fail with an error instead of
+//! reading each other's bytes as garbage, then moves the payload over
+//! Gloo. Each rank publishes how many collectives it has entered, so a
+//! timeout can name the ranks that never arrived.
+
+mod progress;
+mod signature;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Result, Runtime, Shape, Tensor};
+
+use crate::ReduceOp;
+use crate::env::JobOptions;
+use crate::gloo::Gloo;
+use crate::layout;
+use crate::store::{Store, seconds};
+use progress::Progress;
+use signature::{Kind, Signature};
+
+/// Groups created by this process so far: each meets under its own store
+/// prefix, so every rank must create its groups in the same order.
+static GROUPS: AtomicU64 = AtomicU64::new(0);
+
+/// The Gloo tag of the barrier that ends joining; collectives use tags
+/// from 0 up.
+const INIT_TAG: u32 = u32::MAX;
+
+/// The processes of a job, connected by Gloo. Cheap to clone; collectives
+/// on one group run one at a time, in the order every rank issues them.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    timeout: Duration,
+    prefix: String,
+    store: Store,
+    progress: Progress,
+    state: Mutex<State>,
+}
+
+struct State {
+    gloo: Gloo,
+    /// Collectives issued so far.
+    seq: u64,
+    /// Messages sent to and received from each peer so far.
+    sent: HashMap<usize, u32>,
+    received: HashMap<usize, u32>,
+    /// Why the group is unusable, once a collective failed.
+    failed: Option<String>,
+}
+
+impl ProcessGroup {
+    /// Joins the job described by torchrun's or `tpu-rs launch`'s
+    /// environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...).
+    pub fn from_env() -> Result<ProcessGroup> {
+        ProcessGroup::new(&JobOptions::from_env()?)
+    }
+
+    /// Joins the job `options` describe; returns once every rank has.
+    pub fn new(options: &JobOptions) -> Result<ProcessGroup> {
+        let timeout = options.timeout;
+        let store = if options.rank == 0 {
+            Store::serve(&format!("0.0.0.0:{}", options.master_port), timeout)?
+        } else {
+            Store::connect(&options.store_address(), timeout)?
+        };
+        let prefix = format!("tpu_dist/{}/", GROUPS.fetch_add(1, Ordering::Relaxed));
+        let progress = Progress::start(store.reconnect()?, &prefix, options.rank)?;
+        let hostname = if options.rank == 0 {
+            options.master_addr.clone()
+        } else {
+            store.local_ip()?
+        };
+        let started = Instant::now();
+        let gloo = Gloo::connect(
+            options.rank,
+            options.world_size,
+            &hostname,
+            store.reconnect()?,
+            format!("{prefix}gloo/"),
+            timeout,
+        );
+        let inner = Inner {
+            rank: options.rank,
+            world_size: options.world_size,
+            local_rank: options.local_rank,
+            timeout,
+            prefix,
+            store,
+            progress,
+            state: Mutex::new(State {
+                gloo: match gloo {
+                    Ok(gloo) => gloo,
+                    Err(reason) => {
+                        return Err(Error::Collective {
+                            op: "init".into(),
+                            seq: 0,
+                            rank: options.rank,
+                            world_size: options.world_size,
+                            missing: Vec::new(),
+                            reason: format!(
+                                "connecting to the other ranks failed after {}: {reason}",
+                                seconds(started.elapsed())
+                            ),
+                        });
+                    }
+                },
+                seq: 0,
+                sent: HashMap::new(),
+                received: HashMap::new(),
+                failed: None,
+            }),
+        };
+        let group = ProcessGroup {
+            inner: Arc::new(inner),
+        };
+        group.meet(started)?;
+        Ok(group)
+    }
+
+    /// The end of joining: a barrier, so that every rank has finished
+    /// connecting before any returns (a rank that then dies fails the
+    /// others' next collective, not their connection set-up).
+    fn meet(&self, started: Instant) -> Result<()> {
+        let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .gloo
+            .barrier(INIT_TAG, self.inner.timeout)
+            .map_err(|reason| Error::Collective {
+                op: "init".into(),
+                seq: 0,
+                rank: self.rank(),
+                world_size: self.world_size(),
+                missing: Vec::new(),
+                reason: format!(
+                    "the ranks did not all finish connecting within {}: {reason}",
+                    seconds(started.elapsed())
+                ),
+            })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of processes.
+    pub fn world_size(&self) -> usize {
+        self.inner.world_size
+    }
+
+    /// This process's rank among those of its host.
+    pub fn local_rank(&self) -> usize {
+        self.inner.local_rank
+    }
+
+    /// How long a collective waits for the other ranks.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// The job's key-value store (keys under `user/` are the caller's).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Every rank gets the elementwise `op` of all ranks' `x`.
+    pub fn all_reduce(&self, x: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        on_host(x, |b| self.all_reduce_host(b, op))
+    }
+
+    /// [`ProcessGroup::all_reduce`] on host memory.
+    pub fn all_reduce_host(&self, x: HostBuffer, op: ReduceOp) -> Result<HostBuffer> {
+        let sig = Signature::new(Kind::AllReduce(op), &x);
+        if let Err(reason) = op.combiner(x.dtype()) {
+            return Err(self.invalid(&sig, reason));
+        }
+        let (dtype, shape) = (x.dtype(), x.shape().clone());
+        let mut bytes = x.into_bytes();
+        self.run(&sig, |gloo, tag, timeout| {
+            gloo.all_reduce(&mut bytes, dtype, op, tag, timeout)
+        })?;
+        HostBuffer::from_bytes(bytes, dtype, shape)
+    }
+
+    /// Every rank gets all ranks' `x` concatenated along `dim`, in rank
+    /// order.
+    pub fn all_gather(&self, x: &Tensor, dim: usize) -> Result<Tensor> {
+        on_host(x, |b| self.all_gather_host(b, dim))
+    }
+
+    /// [`ProcessGroup::all_gather`] on host memory.
+    pub fn all_gather_host(&self, x: HostBuffer, dim: usize) -> Result<HostBuffer> {
+        let sig = Signature::new(Kind::AllGather { dim }, &x);
+        let dims = x.shape().dims().to_vec();
+        if dim >= dims.len() {
+            return Err(self.invalid(
+                &sig,
+                format!("dim {dim} is out of range for rank {}", dims.len()),
+            ));
+        }
+        let n = self.world_size();
+        let mut gathered = vec![0; x.bytes().len() * n];
+        self.run(&sig, |gloo, tag, timeout| {
+            gloo.all_gather(x.bytes(), &mut gathered, tag, timeout)
+        })?;
+        let elem = x.dtype().size_in_bytes();
+        let mut out_dims = dims.clone();
+        out_dims[dim] *= n;
+        let bytes = layout::concat(&gathered, &dims, dim, n, elem);
+        HostBuffer::from_bytes(bytes, x.dtype(), out_dims)
+    }
+
+    /// The elementwise `op` of all ranks' `x`, split along `dim` into one
+    /// equal block per rank: rank `r` gets block `r`.
+    pub fn reduce_scatter(&self, x: &Tensor, op: ReduceOp, dim: usize) -> Result<Tensor> {
+        on_host(x, |b| self.reduce_scatter_host(b, op, dim))
+    }
+
+    /// [`ProcessGroup::reduce_scatter`] on host memory.
+    pub fn reduce_scatter_host(
+        &self,
+        x: HostBuffer,
+        op: ReduceOp,
+        dim: usize,
+    ) -> Result<HostBuffer> {
+        let sig = Signature::new(Kind::ReduceScatter { op, dim }, &x);
+        let dims = x.shape().dims().to_vec();
+        let n = self.world_size();
+        self.check_split(&sig, &dims, dim)?;
+        if let Err(reason) = op.combiner(x.dtype()) {
+            return Err(self.invalid(&sig, reason));
+        }
+        let (dtype, elem) = (x.dtype(), x.dtype().size_in_bytes());
+        // Reduce everything, then keep this rank's block: Gloo's reduce-
+        // scatter takes per-rank element counts only for some transports.
+        let mut bytes = layout::split(x.bytes(), &dims, dim, n, elem);
+        self.run(&sig, |gloo, tag, timeout| {
+            gloo.all_reduce(&mut bytes, dtype, op, tag, timeout)
+        })?;
+        let block = bytes.len() / n;
+        let mine = bytes[self.rank() * block..(self.rank() + 1) * block].to_vec();
+        let mut out_dims = dims;
+        out_dims[dim] /= n;
+        HostBuffer::from_bytes(mine, dtype, out_dims)
+    }
+
+    /// Every rank gets rank `root`'s `x`.
+    pub fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
+        on_host(x, |b| self.broadcast_host(b, root))
+    }
+
+    /// [`ProcessGroup::broadcast`] on host memory.
+    pub fn broadcast_host(&self, x: HostBuffer, root: usize) -> Result<HostBuffer> {
+        let sig = Signature::new(Kind::Broadcast { root }, &x);
+        if root >= self.world_size() {
+            return Err(self.invalid(
+                &sig,
+                format!(
+                    "root rank {root} is not in a group of {}",
+                    self.world_size()
+                ),
+            ));
+        }
+        let (dtype, shape) = (x.dtype(), x.shape().clone());
+        let mut bytes = x.into_bytes();
+        self.run(&sig, |gloo, tag, timeout| {
+            gloo.broadcast(&mut bytes, root, tag, timeout)
+        })?;
+        HostBuffer::from_bytes(bytes, dtype, shape)
+    }
+
+    /// Each rank splits `x` along `split_dim` into one block per rank and
+    /// sends block `r` to rank `r`, which concatenates what it receives
+    /// along `concat_dim` in rank order (expert-parallel dispatch).
+    pub fn all_to_all(&self, x: &Tensor, split_dim: usize, concat_dim: usize) -> Result<Tensor> {
+        on_host(x, |b| self.all_to_all_host(b, split_dim, concat_dim))
+    }
+
+    /// [`ProcessGroup::all_to_all`] on host memory.
+    pub fn all_to_all_host(
+        &self,
+        x: HostBuffer,
+        split_dim: usize,
+        concat_dim: usize,
+    ) -> Result<HostBuffer> {
+        let sig = Signature::new(
+            Kind::AllToAll {
+                split_dim,
+                concat_dim,
+            },
+            &x,
+        );
+        let dims = x.shape().dims().to_vec();
+        let n = self.world_size();
+        self.check_split(&sig, &dims, split_dim)?;
+        if concat_dim >= dims.len() {
+            return Err(self.invalid(
+                &sig,
+                format!(
+                    "concat_dim {concat_dim} is out of range for rank {}",
+                    dims.len()
+                ),
+            ));
+        }
+        let elem = x.dtype().size_in_bytes();
+        let blocks = layout::split(x.bytes(), &dims, split_dim, n, elem);
+        let mut received = vec![0; blocks.len()];
+        self.run(&sig, |gloo, tag, timeout| {
+            gloo.all_to_all(&blocks, &mut received, tag, timeout)
+        })?;
+        let mut block_dims = dims;
+        block_dims[split_dim] /= n;
+        let mut out_dims = block_dims.clone();
+        out_dims[concat_dim] *= n;
+        let bytes = layout::concat(&received, &block_dims, concat_dim, n, elem);
+        HostBuffer::from_bytes(bytes, x.dtype(), out_dims)
+    }
+
+    /// Sends `x` to rank `peer`, which must [`ProcessGroup::recv`] it.
+    pub fn send(&self, x: &Tensor, peer: usize) -> Result<()> {
+        self.send_host(&download(x)?, peer)
+    }
+
+    /// [`ProcessGroup::send`] from host memory.
+    pub fn send_host(&self, x: &HostBuffer, peer: usize) -> Result<()> {
+        let sig = Signature::new(Kind::SendRecv, x);
+        self.check_peer(&sig, peer)?;
+        self.point_to_point(&sig, peer, true, |gloo, tag, timeout| {
+            gloo.send(&sig.encode(), peer, tag, timeout)?;
+            gloo.send(x.bytes(), peer, tag, timeout)
+        })
+    }
+
+    /// Receives a tensor of `dtype` and `shape` from rank `peer` onto
+    /// `device`; an error if the peer sends another dtype or shape.
+    pub fn recv(
+        &self,
+        dtype: DType,
+        shape: impl Into<Shape>,
+        device: Device,
+        peer: usize,
+    ) -> Result<Tensor> {
+        upload(self.recv_host(dtype, shape, peer)?, device)
+    }
+
+    /// [`ProcessGroup::recv`] into host memory.
+    pub fn recv_host(
+        &self,
+        dtype: DType,
+        shape: impl Into<Shape>,
+        peer: usize,
+    ) -> Result<HostBuffer> {
+        let shape = shape.into();
+        let sig = Signature::of(Kind::SendRecv, dtype, shape.dims());
+        self.check_peer(&sig, peer)?;
+        let mut bytes = vec![0; shape.numel() * dtype.size_in_bytes()];
+        self.point_to_point(&sig, peer, false, |gloo, tag, timeout| {
+            let mut header = [0; signature::LEN];
+            gloo.recv(&mut header, peer, tag, timeout)?;
+            if header != sig.encode() {
+                let theirs = signature::describe(&header);
+                return Err(format!(
+                    "rank {peer} sent {theirs}, this rank expects {sig}"
+                ));
+            }
+            gloo.recv(&mut bytes, peer, tag, timeout)
+        })?;
+        HostBuffer::from_bytes(bytes, dtype, shape)
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        let sig = Signature::of(Kind::Barrier, DType::U8, &[]);
+        self.run(&sig, |gloo, tag, timeout| gloo.barrier(tag, timeout))
+    }
+
+    /// Runs one collective: the signature exchange, then `body` with the
+    /// payload's Gloo tag, turning failures into errors that name the op,
+    /// its sequence number and the ranks that did not arrive.
+    fn run<T>(
+        &self,
+        sig: &Signature,
+        body: impl FnOnce(&Gloo, u32, Duration) -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = state.seq;
+        if let Some(failed) = &state.failed {
+            return Err(self.failure(
+                sig,
+                seq,
+                Vec::new(),
+                format!("the group failed earlier: {failed}"),
+            ));
+        }
+        state.seq += 1;
+        self.inner.progress.entered(state.seq);
+        let entered = Instant::now();
+        let timeout = self.inner.timeout;
+        // Two tags per collective: its signature, then its payload.
+        let tag = (seq as u32).wrapping_mul(2);
+        let mut signatures = vec![0; signature::LEN * self.world_size()];
+        let outcome = state
+            .gloo
+            .all_gather(&sig.encode(), &mut signatures, tag, timeout)
+            .and_then(|()| sig.agree(&signatures, self.rank()))
+            .and_then(|()| body(&state.gloo, tag.wrapping_add(1), timeout));
+        outcome.map_err(|reason| {
+            state.failed = Some(reason.clone());
+            match self.missing(seq, entered) {
+                Ok(missing) => self.failure(sig, seq, missing, reason),
+                Err(unknown) => self.failure(sig, seq, Vec::new(), format!("{reason}; {unknown}")),
+            }
+        })
+    }
+
+    /// Runs one point-to-point transfer with `peer` under the next tag of
+    /// that direction.
+    fn point_to_point(
+        &self,
+        sig: &Signature,
+        peer: usize,
+        sending: bool,
+        body: impl FnOnce(&Gloo, u32, Duration) -> std::result::Result<(), String>,
+    ) -> Result<()> {
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = state.seq;
+        if let Some(failed) = &state.failed {
+            return Err(self.failure(
+                sig,
+                seq,
+                Vec::new(),
+                format!("the group failed earlier: {failed}"),
+            ));
+        }
+        let counter = if sending {
+            state.sent.entry(peer).or_default()
+        } else {
+            state.received.entry(peer).or_default()
+        };
+        let tag = *counter;
+        *counter = counter.wrapping_add(1);
+        body(&state.gloo, tag, self.inner.timeout).map_err(|reason| {
+            state.failed = Some(reason.clone());
+            self.failure(sig, seq, Vec::new(), reason)
+        })
+    }
+
+    /// Ranks whose published progress shows they never entered collective
+    /// `seq`, or why that cannot be known. Waits until their progress had
+    /// time to be published.
+    fn missing(&self, seq: u64, entered: Instant) -> std::result::Result<Vec<usize>, String> {
+        let settle = progress::INTERVAL * 3;
+        if let Some(left) = settle.checked_sub(entered.elapsed()) {
+            std::thread::sleep(left);
+        }
+        let mut missing = Vec::new();
+        for r in (0..self.world_size()).filter(|&r| r != self.rank()) {
+            let key = format!("{}{}", self.inner.prefix, progress::key(r));
+            match self.inner.store.try_get(&key) {
+                Ok(Some(v)) if progress::decode(&v) > seq => {}
+                Ok(_) => missing.push(r),
+                Err(_) => {
+                    return Err(
+                        "the rendezvous store on rank 0 is unreachable: rank 0 exited or died"
+                            .into(),
+                    );
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    fn failure(&self, sig: &Signature, seq: u64, missing: Vec<usize>, reason: String) -> Error {
+        Error::Collective {
+            op: sig.op_name().to_string(),
+            seq,
+            rank: self.rank(),
+            world_size: self.world_size(),
+            missing,
+            reason,
+        }
+    }
+
+    fn invalid(&self, sig: &Signature, reason: String) -> Error {
+        Error::InvalidInput {
+            op: sig.op_name().to_string(),
+            inputs: sig.input(),
+            device: format!("rank {} of {}", self.rank(), self.world_size()),
+            reason,
+        }
+    }
+
+    fn check_split(&self, sig: &Signature, dims: &[usize], dim: usize) -> Result<()> {
+        let n = self.world_size();
+        if dim >= dims.len() {
+            return Err(self.invalid(
+                sig,
+                format!("dim {dim} is out of range for rank {}", dims.len()),
+            ));
+        }
+        if dims[dim] % n != 0 {
+            return Err(self.invalid(
+                sig,
+                format!(
+                    "dim {dim} of size {} does not split into {n} equal blocks",
+                    dims[dim]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, sig: &Signature, peer: usize) -> Result<()> {
+        if peer >= self.world_size() || peer == self.rank() {
+            return Err(self.invalid(
+                sig,
+                format!(
+                    "peer rank {peer} is not another rank of {}",
+                    self.world_size()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `x`'s bytes in host memory.
+fn download(x: &Tensor) -> Result<HostBuffer> {
+    match x.device() {
+        Device::Cpu => Ok(x.to_host()?.to_buffer()),
+        Device::Tpu(_) => HostBuffer::download(&*x.buffer()?),
+    }
+}
+
+/// `b` as a tensor on `device`.
+fn upload(b: HostBuffer, device: Device) -> Result<Tensor> {
+    match device {
+        Device::Cpu => Tensor::from_host(HostTensor::from_buffer(&b), device),
+        Device::Tpu(index) => Ok(Tensor::from_buffer(
+            b.upload(Runtime::global()?.client(), index)?,
+        )),
+    }
+}
+
+/// Runs a host collective on `x`'s bytes and puts the result where `x` is.
+fn on_host(x: &Tensor, f: impl FnOnce(HostBuffer) -> Result<HostBuffer>) -> Result<Tensor> {
+    upload(f(download(x)?)?, x.device())
+}

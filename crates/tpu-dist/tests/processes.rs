@@ -1,0 +1,437 @@
+//! Collectives across real processes on localhost, each a copy of this
+//! test binary started with the `env://` variables torchrun sets: every op
+//! against values computed from the ranks, then the faults (a peer killed
+//! with SIGKILL, a peer that never arrives, ranks that disagree on a shape,
+//! a job whose other ranks never start).
+//!
+//! A parent test starts the ranks and checks their exit codes; the
+//! `worker` test is what each rank runs, and does nothing when run alone.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Tensor};
+use tpu_dist::{ProcessGroup, ReduceOp};
+
+const ROLE: &str = "TPU_DIST_TEST_ROLE";
+/// The fault tests' timeout, in seconds.
+const TIMEOUT: f64 = 3.0;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `world` ranks running `scenario`, with `TPU_DIST_TIMEOUT`.
+fn start(scenario: &str, world: usize, ranks: &[usize], timeout: f64) -> Vec<(usize, Child)> {
+    let port = free_port();
+    ranks
+        .iter()
+        .map(|&rank| {
+            let child = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
+                .env(ROLE, scenario)
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("TPU_DIST_TIMEOUT", timeout.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (rank, child)
+        })
+        .collect()
+}
+
+/// Waits for every rank (killing all of them after `limit`) and asserts
+/// each exited 0, showing the output of any that did not.
+fn finish(children: Vec<(usize, Child)>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut failures = Vec::new();
+    for (rank, mut child) in children {
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let output = child.wait_with_output().unwrap();
+        if status.is_none_or(|s| !s.success()) {
+            failures.push(format!(
+                "rank {rank}: {status:?}\n--- stdout\n{}\n--- stderr\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn run(scenario: &str, world: usize) {
+    let ranks: Vec<usize> = (0..world).collect();
+    finish(
+        start(scenario, world, &ranks, 60.0),
+        Duration::from_secs(120),
+    );
+}
+
+#[test]
+fn every_collective_on_2_processes() {
+    run("collectives", 2);
+}
+
+#[test]
+fn every_collective_on_3_processes() {
+    run("collectives", 3);
+}
+
+#[test]
+fn a_killed_peer_fails_the_survivors_within_twice_the_timeout() {
+    let mut ranks = start("killed", 3, &[0, 1, 2], TIMEOUT);
+    let (_, victim) = &mut ranks[2];
+    // Rank 2 says when it has joined; then it dies without a word.
+    let joined = BufReader::new(victim.stdout.as_mut().unwrap())
+        .lines()
+        .any(|line| line.unwrap().contains("joined"));
+    assert!(joined, "rank 2 exited before joining");
+    victim.kill().unwrap();
+    let (_, mut victim) = ranks.pop().unwrap();
+    victim.wait().unwrap();
+    finish(ranks, Duration::from_secs(30));
+}
+
+#[test]
+fn a_peer_that_never_arrives_is_named_after_the_timeout() {
+    run_with_timeout("stuck", 3);
+}
+
+#[test]
+fn ranks_that_disagree_on_the_shape_get_an_error() {
+    run_with_timeout("mismatch", 2);
+}
+
+#[test]
+fn a_job_whose_peers_never_start_fails_at_init() {
+    finish(start("alone", 2, &[0], TIMEOUT), Duration::from_secs(30));
+}
+
+fn run_with_timeout(scenario: &str, world: usize) {
+    let ranks: Vec<usize> = (0..world).collect();
+    finish(
+        start(scenario, world, &ranks, TIMEOUT),
+        Duration::from_secs(30),
+    );
+}
+
+/// What one rank runs; a no-op unless a parent test started it.
+#[test]
+fn worker() {
+    let Ok(scenario) = std::env::var(ROLE) else {
+        return;
+    };
+    match scenario.as_str() {
+        "collectives" => collectives(&ProcessGroup::from_env().unwrap()),
+        "killed" => killed(),
+        "stuck" => stuck(),
+        "mismatch" => mismatch(),
+        "alone" => alone(),
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+/// Rank `r`'s value at element `i`: small integers, so every reduction is
+/// exact in every dtype and order.
+fn value(r: usize, i: usize) -> f64 {
+    ((r * 5 + i * 3) % 7) as f64 - 3.0
+}
+
+fn host(dtype: DType, dims: &[usize], f: impl Fn(usize) -> f64) -> HostBuffer {
+    let n: usize = dims.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|i| {
+            let x = f(i);
+            match dtype {
+                DType::Bool => f64::from(u8::from(x > 0.0)),
+                DType::U8 | DType::U32 => x + 3.0,
+                _ => x,
+            }
+        })
+        .collect();
+    HostTensor::from_f64(dtype, dims.to_vec(), v)
+        .unwrap()
+        .to_buffer()
+}
+
+fn f64s(b: &HostBuffer) -> Vec<f64> {
+    HostTensor::from_buffer(b)
+        .to_f64()
+        .iter()
+        .copied()
+        .collect()
+}
+
+fn reduce(op: ReduceOp, dtype: DType, values: &[f64]) -> f64 {
+    let bool_like = dtype == DType::Bool;
+    match op {
+        ReduceOp::Sum if bool_like => values.iter().copied().fold(0.0, f64::max),
+        ReduceOp::Prod if bool_like => values.iter().copied().fold(1.0, f64::min),
+        ReduceOp::Sum => values.iter().sum(),
+        ReduceOp::Mean => values.iter().sum::<f64>() / values.len() as f64,
+        ReduceOp::Max => values.iter().copied().fold(f64::MIN, f64::max),
+        ReduceOp::Min => values.iter().copied().fold(f64::MAX, f64::min),
+        ReduceOp::Prod => values.iter().product(),
+    }
+}
+
+fn collectives(pg: &ProcessGroup) {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let dims = [2, 6];
+    // all_reduce: every dtype and reduction, on the host.
+    for dtype in DType::ALL {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Mean,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Prod,
+        ] {
+            let x = host(dtype, &dims, |i| value(rank, i));
+            let result = pg.all_reduce_host(x, op);
+            let allowed = dtype != DType::Bool || op != ReduceOp::Mean;
+            let allowed = allowed && (op != ReduceOp::Mean || dtype.is_float());
+            let Ok(got) = result else {
+                assert!(!allowed, "{dtype} {op}: {}", result.unwrap_err());
+                continue;
+            };
+            assert!(allowed, "{dtype} {op} should be refused");
+            let stored: Vec<Vec<f64>> = (0..n)
+                .map(|r| f64s(&host(dtype, &dims, |i| value(r, i))))
+                .collect();
+            let want: Vec<f64> = (0..12)
+                .map(|i| reduce(op, dtype, &stored.iter().map(|v| v[i]).collect::<Vec<_>>()))
+                .collect();
+            let want = f64s(
+                &HostTensor::from_f64(dtype, dims.to_vec(), want)
+                    .unwrap()
+                    .to_buffer(),
+            );
+            // A mean may round differently from the f64 reference by an ulp.
+            let tol = match (op, dtype) {
+                (ReduceOp::Mean, DType::F16 | DType::BF16) => 1e-2,
+                (ReduceOp::Mean, _) => 1e-6,
+                _ => 0.0,
+            };
+            for (g, w) in f64s(&got).iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= tol * w.abs(),
+                    "all_reduce {op} on {dtype}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    // The device forms, on this process's first device.
+    let device = Device::Tpu(0);
+    let on_device = |b: HostBuffer| Tensor::from_host(HostTensor::from_buffer(&b), device).unwrap();
+    let back = |t: Tensor| {
+        t.to_host()
+            .unwrap()
+            .to_f64()
+            .iter()
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    let mine = host(DType::F32, &dims, |i| value(rank, i));
+
+    let sum = pg
+        .all_reduce(&on_device(mine.clone()), ReduceOp::Sum)
+        .unwrap();
+    let want: Vec<f64> = (0..12).map(|i| (0..n).map(|r| value(r, i)).sum()).collect();
+    assert_eq!(back(sum), want);
+
+    // all_gather along each dim.
+    for dim in 0..2 {
+        let got = back(pg.all_gather(&on_device(mine.clone()), dim).unwrap());
+        let mut want = Vec::new();
+        if dim == 0 {
+            for r in 0..n {
+                want.extend((0..12).map(|i| value(r, i)));
+            }
+        } else {
+            for row in 0..2 {
+                for r in 0..n {
+                    want.extend((0..6).map(|c| value(r, row * 6 + c)));
+                }
+            }
+        }
+        assert_eq!(got, want, "all_gather dim {dim}");
+    }
+
+    // broadcast from every root.
+    for root in 0..n {
+        let got = back(pg.broadcast(&on_device(mine.clone()), root).unwrap());
+        assert_eq!(got, (0..12).map(|i| value(root, i)).collect::<Vec<_>>());
+    }
+
+    // reduce_scatter and all_to_all along dim 1 of a [2, 6n] tensor.
+    let wide = [2, 6 * n];
+    let x = host(DType::F32, &wide, |i| value(rank, i));
+    let got = back(
+        pg.reduce_scatter(&on_device(x.clone()), ReduceOp::Sum, 1)
+            .unwrap(),
+    );
+    let want: Vec<f64> = (0..2)
+        .flat_map(|row| {
+            (0..6).map(move |c| (0..n).map(|r| value(r, row * 6 * n + rank * 6 + c)).sum())
+        })
+        .collect();
+    assert_eq!(got, want, "reduce_scatter");
+
+    let got = back(pg.all_to_all(&on_device(x), 1, 0).unwrap());
+    let want: Vec<f64> = (0..n)
+        .flat_map(|src| {
+            (0..2).flat_map(move |row| (0..6).map(move |c| value(src, row * 6 * n + rank * 6 + c)))
+        })
+        .collect();
+    assert_eq!(got, want, "all_to_all");
+
+    // A ring of sends: each rank sends to the next and receives from the
+    // previous.
+    let next = (rank + 1) % n;
+    let prev = (rank + n - 1) % n;
+    let payload = host(DType::I64, &[3], |i| value(rank, i));
+    if rank % 2 == 0 {
+        pg.send_host(&payload, next).unwrap();
+        let got = pg.recv_host(DType::I64, vec![3], prev).unwrap();
+        assert_eq!(
+            f64s(&got),
+            f64s(&host(DType::I64, &[3], |i| value(prev, i)))
+        );
+    } else {
+        let got = pg.recv_host(DType::I64, vec![3], prev).unwrap();
+        assert_eq!(
+            f64s(&got),
+            f64s(&host(DType::I64, &[3], |i| value(prev, i)))
+        );
+        pg.send_host(&payload, next).unwrap();
+    }
+    pg.barrier().unwrap();
+
+    // Bad calls are typed errors before any traffic, and the group stays
+    // usable.
+    let odd = host(DType::F32, &[2, 3 * n + 1], |i| value(rank, i));
+    let err = pg.reduce_scatter_host(odd, ReduceOp::Sum, 1).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    let err = pg.send_host(&payload, rank).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    pg.barrier().unwrap();
+}
+
+fn timeout() -> Duration {
+    Duration::from_secs_f64(TIMEOUT)
+}
+
+/// Survivors of a rank killed after joining.
+fn killed() {
+    let pg = ProcessGroup::from_env().unwrap();
+    if pg.rank() == 2 {
+        println!("joined");
+        std::thread::sleep(Duration::from_secs(600));
+        return;
+    }
+    let start = Instant::now();
+    let x = HostBuffer::from_slice(&[1.0f32; 4], vec![4]).unwrap();
+    // The first collectives may still meet while rank 2 is alive; the
+    // loop ends at the first failure.
+    let err = loop {
+        match pg.all_reduce_host(x.clone(), ReduceOp::Sum) {
+            Ok(_) if start.elapsed() < Duration::from_secs(20) => continue,
+            Ok(_) => panic!("collectives kept succeeding with rank 2 dead"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        start.elapsed() < 2 * timeout(),
+        "took {:?}",
+        start.elapsed()
+    );
+    let Error::Collective { op, missing, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(op, "all_reduce");
+    assert_eq!(missing, &[2], "{err}");
+    // The group stays failed, quickly.
+    let again = pg.barrier().unwrap_err();
+    assert!(again.to_string().contains("failed earlier"), "{again}");
+}
+
+/// Rank 1 joins and then never calls the collective the others wait in.
+fn stuck() {
+    let pg = ProcessGroup::from_env().unwrap();
+    if pg.rank() == 1 {
+        std::thread::sleep(3 * timeout());
+        return;
+    }
+    let start = Instant::now();
+    let err = pg.barrier().unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        took >= timeout() / 2 && took < 2 * timeout(),
+        "took {took:?}"
+    );
+    let Error::Collective {
+        op, seq, missing, ..
+    } = &err
+    else {
+        panic!("{err}");
+    };
+    assert_eq!((op.as_str(), *seq), ("barrier", 0));
+    assert_eq!(missing, &[1], "{err}");
+    assert!(err.to_string().contains("rank 1 did not arrive"), "{err}");
+    // The store lives on rank 0: it stays until rank 2 has read it.
+    if pg.rank() == 0 {
+        std::thread::sleep(timeout() / 2);
+    }
+}
+
+/// Rank 1 reduces 8 elements where rank 0 reduces 4.
+fn mismatch() {
+    let pg = ProcessGroup::from_env().unwrap();
+    let len = if pg.rank() == 0 { 4 } else { 8 };
+    let x = HostBuffer::from_slice(&vec![1.0f32; len], vec![len]).unwrap();
+    let start = Instant::now();
+    let err = pg.all_reduce_host(x, ReduceOp::Sum).unwrap_err();
+    assert!(
+        start.elapsed() < timeout(),
+        "a mismatch is found without waiting"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("all_reduce(sum) on f32[8]") && text.contains("all_reduce(sum) on f32[4]"),
+        "{text}"
+    );
+}
+
+/// Rank 0 of 2, alone.
+fn alone() {
+    let start = Instant::now();
+    let err = ProcessGroup::from_env().err().unwrap();
+    let took = start.elapsed();
+    assert!(took < 2 * timeout(), "took {took:?}");
+    assert!(
+        matches!(err, Error::Collective { .. } | Error::Rendezvous { .. }),
+        "{err}"
+    );
+}
