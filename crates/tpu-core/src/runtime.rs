@@ -5,7 +5,10 @@ use std::sync::{Arc, OnceLock};
 
 use crate::cache::CompileCache;
 use crate::error::{Error, Result};
-use crate::pjrt::{Client, ClientOptions, CompileOptions, Executable, Plugin};
+use crate::pjrt::{Client, ClientOptions, CompileOptions, Executable, KeyValueStoreHandle, Plugin};
+
+static GLOBAL: OnceLock<Result<Runtime>> = OnceLock::new();
+static KV_STORE: OnceLock<KeyValueStoreHandle> = OnceLock::new();
 
 /// A client and its compile cache.
 pub struct Runtime {
@@ -23,18 +26,26 @@ impl Runtime {
     }
 
     /// The shared runtime, created on first use from `TPU_RS_PLUGIN` (or
-    /// discovery) and `TPU_RS_CPU_DEVICES` (device count of CPU plugins).
+    /// discovery), `TPU_RS_CPU_DEVICES` (device count of CPU plugins) and
+    /// the store given to [`Runtime::set_key_value_store`].
     pub fn global() -> Result<&'static Runtime> {
-        static GLOBAL: OnceLock<Result<Runtime>> = OnceLock::new();
         GLOBAL
             .get_or_init(|| {
                 let options = ClientOptions {
                     cpu_device_count: cpu_devices_from_env()?,
+                    kv_store: KV_STORE.get().cloned(),
                 };
                 Runtime::new(Plugin::from_env()?, &options)
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+
+    /// Hands the job's key-value store to the shared runtime's client, for
+    /// plugins that run multi-host collectives themselves. Only a runtime
+    /// not created yet can take it: returns whether this one will.
+    pub fn set_key_value_store(store: KeyValueStoreHandle) -> bool {
+        GLOBAL.get().is_none() && KV_STORE.set(store).is_ok()
     }
 
     /// The client.

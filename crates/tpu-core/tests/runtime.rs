@@ -20,6 +20,7 @@ fn client(devices: usize) -> &'static Client {
     CLIENTS[devices].get_or_init(|| {
         let options = ClientOptions {
             cpu_device_count: Some(devices),
+            ..ClientOptions::default()
         };
         Client::new(plugin(), &options).expect("client")
     })
@@ -369,6 +370,7 @@ fn zero_replicas_and_too_many_devices_are_rejected_before_the_plugin() {
         plugin(),
         &ClientOptions {
             cpu_device_count: Some(0),
+            ..ClientOptions::default()
         },
     )
     .unwrap_err();
@@ -544,4 +546,57 @@ fn device_scalars_are_uploaded_once_and_hold_their_values() {
     let host = scalar(DType::I64, 7.0, Device::Cpu).unwrap();
     assert_eq!(host.device(), Device::Cpu);
     assert_eq!(host.to_host().unwrap().to_i64()[[]], 7);
+}
+
+/// A store that records what the plugin asks of it.
+#[derive(Default)]
+struct RecordingStore {
+    values: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+}
+
+impl tpu_core::pjrt::KeyValueStore for RecordingStore {
+    fn get(&self, key: &str, _: std::time::Duration) -> Result<Vec<u8>, String> {
+        let values = self.values.lock().unwrap();
+        values
+            .get(key)
+            .cloned()
+            .ok_or_else(|| format!("no key {key}"))
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.values
+            .lock()
+            .unwrap()
+            .insert(key.into(), value.to_vec());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_client_with_key_value_callbacks_runs_programs() {
+    let store = std::sync::Arc::new(RecordingStore::default());
+    let options = ClientOptions {
+        cpu_device_count: Some(2),
+        kv_store: Some(tpu_core::pjrt::KeyValueStoreHandle(store.clone())),
+    };
+    let c = Client::new(plugin(), &options).expect("client with callbacks");
+    assert_eq!(c.device_count(), 2);
+    let exe = c.compile(MATMUL_TANH, &CompileOptions::default()).unwrap();
+    let zeros = |dims: [usize; 2]| {
+        c.buffer_from_slice(&vec![0.0f32; dims[0] * dims[1]], dims, 0)
+            .unwrap()
+    };
+    let out = exe
+        .run(&[&zeros([2, 3]), &zeros([3, 2]), &zeros([2, 2])])
+        .unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), [0.0; 4]);
+    drop(c);
+    // A single-process CPU client needs no rendezvous; whatever it put is
+    // readable back.
+    for (key, value) in store.values.lock().unwrap().iter() {
+        assert_eq!(
+            tpu_core::pjrt::KeyValueStore::get(&*store, key, std::time::Duration::ZERO).unwrap(),
+            *value
+        );
+    }
 }

@@ -247,6 +247,23 @@ impl Store {
     }
 }
 
+/// The keys PJRT's callbacks read and write, under their own prefix.
+pub(crate) struct PjrtKeys(pub(crate) Store);
+
+impl tpu_core::pjrt::KeyValueStore for PjrtKeys {
+    fn get(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        self.0
+            .get_within(&format!("pjrt/{key}"), timeout)
+            .map_err(|e| e.to_string())
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> std::result::Result<(), String> {
+        self.0
+            .set(&format!("pjrt/{key}"), value)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// `address` with its port replaced by `port` (the one picked for port 0).
 fn address_with_port(address: &str, port: u16) -> String {
     match address.rsplit_once(':') {

@@ -9,6 +9,7 @@ use super::buffer::{Buffer, pjrt_type};
 use super::event::Event;
 use super::executable::Executable;
 use super::ffi::{Api, Padded, pjrt_call, str_from_raw};
+use super::kv::{self, KeyValueStoreHandle, UserArg};
 use super::options::CompileOptions;
 use super::plugin::Plugin;
 use crate::dtype::Element;
@@ -22,6 +23,9 @@ pub struct ClientOptions {
     /// Number of devices the XLA CPU plugin exposes (it defaults to 1).
     /// Ignored by other platforms.
     pub cpu_device_count: Option<usize>,
+    /// The job's key-value store, for plugins that run multi-host
+    /// collectives themselves.
+    pub kv_store: Option<KeyValueStoreHandle>,
 }
 
 /// What a device says about itself.
@@ -58,6 +62,9 @@ pub(crate) struct ClientInner {
     pub(crate) platform_name: String,
     pub(crate) platform_version: String,
     pub(crate) id: u64,
+    /// The store the plugin's key-value callbacks reach; it must outlive
+    /// the client.
+    pub(crate) _kv_store: Option<UserArg>,
 }
 
 // SAFETY: PJRT clients, devices and their descriptions are thread-safe.
@@ -129,6 +136,16 @@ impl Client {
         let mut args = Padded::<sys::PJRT_Client_Create_Args>::new();
         args.create_options = named.as_ptr();
         args.num_options = named.len();
+        let kv_store: Option<UserArg> = options.kv_store.as_ref().map(|h| Box::new(h.0.clone()));
+        if let Some(store) = &kv_store {
+            let user_arg = (&**store as *const std::sync::Arc<dyn kv::KeyValueStore>)
+                .cast_mut()
+                .cast();
+            args.kv_get_callback = Some(kv::get);
+            args.kv_get_user_arg = user_arg;
+            args.kv_put_callback = Some(kv::put);
+            args.kv_put_user_arg = user_arg;
+        }
         let created = pjrt_call!(api, PJRT_Client_Create, &mut args);
         if let Err(Error::Pjrt { message, .. }) = &created
             && plugin.is_libtpu()
@@ -147,6 +164,7 @@ impl Client {
             platform_name: String::new(),
             platform_version: String::new(),
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            _kv_store: kv_store,
         };
         inner.platform_name = platform_string(&inner, false)?;
         inner.platform_version = platform_string(&inner, true)?;

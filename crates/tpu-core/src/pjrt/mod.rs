@@ -9,6 +9,7 @@ pub mod discovery;
 mod event;
 mod executable;
 pub(crate) mod ffi;
+mod kv;
 mod options;
 mod plugin;
 
@@ -16,5 +17,6 @@ pub use buffer::Buffer;
 pub use client::{Client, ClientOptions, DeviceDescription, MemoryStats};
 pub use event::Event;
 pub use executable::{Arg, Executable};
+pub use kv::{KeyValueStore, KeyValueStoreHandle};
 pub use options::CompileOptions;
 pub use plugin::{AttributeValue, Plugin};

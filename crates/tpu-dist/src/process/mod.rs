@@ -15,13 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tpu_core::pjrt::KeyValueStoreHandle;
 use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Result, Runtime, Shape, Tensor};
 
 use crate::ReduceOp;
 use crate::env::JobOptions;
 use crate::gloo::Gloo;
 use crate::layout;
-use crate::store::{Store, seconds};
+use crate::store::{PjrtKeys, Store, seconds};
 use progress::Progress;
 use signature::{Kind, Signature};
 
@@ -77,7 +78,18 @@ impl ProcessGroup {
         } else {
             Store::connect(&options.store_address(), timeout)?
         };
-        let prefix = format!("tpu_dist/{}/", GROUPS.fetch_add(1, Ordering::Relaxed));
+        let generation = GROUPS.fetch_add(1, Ordering::Relaxed);
+        if generation == 0 {
+            // Plugins that run multi-host collectives themselves (libtpu on
+            // a pod slice) meet through the same store.
+            let keys = KeyValueStoreHandle(Arc::new(PjrtKeys(store.reconnect()?)));
+            if !Runtime::set_key_value_store(keys) {
+                tracing::debug!(
+                    "the runtime was created before the job's store; its plugin gets none"
+                );
+            }
+        }
+        let prefix = format!("tpu_dist/{generation}/");
         let progress = Progress::start(store.reconnect()?, &prefix, options.rank)?;
         let hostname = if options.rank == 0 {
             options.master_addr.clone()
