@@ -1,6 +1,8 @@
-//! The `tpu-rs` command: install PJRT plugins and inspect devices.
+//! The `tpu-rs` command: install PJRT plugins, inspect devices, launch
+//! distributed jobs.
 
 mod install;
+mod launch;
 
 use std::process::ExitCode;
 
@@ -10,7 +12,9 @@ use tpu_rs::{Plugin, Runtime};
 const USAGE: &str = "usage:
   tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu = jax-cpu, xla-cpu, tpu)
   tpu-rs plugin list                        known plugins and where they are installed
-  tpu-rs devices                            the devices of the plugin TPU_RS_PLUGIN selects";
+  tpu-rs devices                            the devices of the plugin TPU_RS_PLUGIN selects
+  tpu-rs launch -n N [--master-addr A] [--master-port P] -- PROGRAM ARGS...
+                                            run N ranks of PROGRAM with torchrun's env:// variables";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,6 +26,15 @@ fn main() -> ExitCode {
             Ok(())
         }
         ["devices"] => show_devices(),
+        ["launch", rest @ ..] => {
+            return match launch::Launch::parse(rest).and_then(|l| l.run()) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("tpu-rs launch: {e}\n{USAGE}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
