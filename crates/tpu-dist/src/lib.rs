@@ -6,6 +6,11 @@
 //! libtpu takes over the chip interconnect. Programs are compiled once per
 //! (collective, dtype, shape, group) through the runtime's compile cache.
 //!
+//! For tensor parallelism, a [`Mesh`] arranges devices in a grid with named
+//! axes, [`shard`] splits a tensor over it by a [`ShardingSpec`], and
+//! [`Mesh::run`] runs a program written for global shapes with one SPMD
+//! partition per device: XLA inserts the collectives the shardings imply.
+//!
 //! ```no_run
 //! use tpu_core::{Device, HostTensor, DType, Tensor};
 //! use tpu_dist::{DeviceGroup, ReduceOp};
@@ -24,12 +29,14 @@ mod env;
 mod gloo;
 mod group;
 mod layout;
+mod mesh;
 mod process;
 mod reduce;
 mod store;
 
 pub use env::{DEFAULT_TIMEOUT, JobOptions, timeout_from_env};
 pub use group::DeviceGroup;
+pub use mesh::{Mesh, ShardedTensor, ShardingSpec, shard};
 pub use process::ProcessGroup;
 pub use reduce::ReduceOp;
 pub use store::Store;

@@ -106,6 +106,13 @@ pub fn int_range(dtype: DType) -> (i64, i64) {
     }
 }
 
+/// The attribute `mhlo.sharding = "<sharding>"`, quotes and backslashes
+/// escaped.
+fn sharding_attribute(sharding: &str) -> String {
+    let escaped = sharding.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("mhlo.sharding = \"{escaped}\"")
+}
+
 /// Comparison directions of `stablehlo.compare`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[allow(missing_docs)]
@@ -141,6 +148,11 @@ pub struct Builder {
     depth: usize,
     /// Replicas the module runs as (`mhlo.num_replicas`), for collectives.
     replicas: Option<usize>,
+    /// SPMD partitions of each replica (`mhlo.num_partitions`).
+    partitions: Option<usize>,
+    /// `mhlo.sharding` of parameters (by value id) and of results (by index).
+    parameter_shardings: Vec<(usize, String)>,
+    result_shardings: Vec<(usize, String)>,
 }
 
 impl Builder {
@@ -163,6 +175,9 @@ impl Builder {
             next_id: 0,
             depth: 2,
             replicas: None,
+            partitions: None,
+            parameter_shardings: Vec::new(),
+            result_shardings: Vec::new(),
         }
     }
 
@@ -170,6 +185,30 @@ impl Builder {
     /// cross-replica collectives (`stablehlo.all_reduce`, ...) span.
     pub fn set_replicas(&mut self, n: usize) {
         self.replicas = Some(n);
+    }
+
+    /// Marks the module as split into `n` SPMD partitions
+    /// (`mhlo.num_partitions`), to compile with as many partitions.
+    pub fn set_partitions(&mut self, n: usize) {
+        self.partitions = Some(n);
+    }
+
+    /// Puts `mhlo.sharding = "<sharding>"` on parameter `param` (XLA's
+    /// sharding text, e.g. `{devices=[2,1]0,1}` or `{replicated}`); no-op
+    /// for values that are not parameters.
+    pub fn set_parameter_sharding(&mut self, param: &Value, sharding: &str) {
+        if self.parameters.iter().any(|(v, _)| v.id == param.id) {
+            self.parameter_shardings.retain(|(id, _)| *id != param.id);
+            self.parameter_shardings
+                .push((param.id, sharding_attribute(sharding)));
+        }
+    }
+
+    /// Puts `mhlo.sharding = "<sharding>"` on result `index` of `@main`.
+    pub fn set_result_sharding(&mut self, index: usize, sharding: &str) {
+        self.result_shardings.retain(|(i, _)| *i != index);
+        self.result_shardings
+            .push((index, sharding_attribute(sharding)));
     }
 
     fn fresh(&mut self, ty: TensorType) -> Value {
@@ -302,7 +341,7 @@ impl Builder {
     /// Finishes the module; `results` become `@main`'s results.
     pub fn finish(mut self, results: &[Value]) -> String {
         let names: Vec<String> = results.iter().map(|v| v.to_string()).collect();
-        let types: Vec<String> = results.iter().map(|v| mlir_type(&v.ty)).collect();
+        let mut types: Vec<String> = results.iter().map(|v| mlir_type(&v.ty)).collect();
         let ret = format!(
             "\"func.return\"({}) : ({}) -> ()",
             names.join(", "),
@@ -312,19 +351,33 @@ impl Builder {
         let params: Vec<String> = self
             .parameters
             .iter()
-            .map(|(v, alias)| match alias {
-                Some(out) => format!(
-                    "{v}: {} {{tf.aliasing_output = {out} : i32}}",
-                    mlir_type(&v.ty)
-                ),
-                None => format!("{v}: {}", mlir_type(&v.ty)),
+            .map(|(v, alias)| {
+                let mut attrs: Vec<String> = Vec::new();
+                if let Some(out) = alias {
+                    attrs.push(format!("tf.aliasing_output = {out} : i32"));
+                }
+                if let Some((_, s)) = self.parameter_shardings.iter().find(|(id, _)| *id == v.id) {
+                    attrs.push(s.clone());
+                }
+                if attrs.is_empty() {
+                    format!("{v}: {}", mlir_type(&v.ty))
+                } else {
+                    format!("{v}: {} {{{}}}", mlir_type(&v.ty), attrs.join(", "))
+                }
             })
             .collect();
-        let attributes = match self.replicas {
-            Some(n) => format!(
-                " attributes {{mhlo.num_replicas = {n} : i32, mhlo.num_partitions = 1 : i32}}"
+        for (index, sharding) in &self.result_shardings {
+            if let Some(ty) = types.get_mut(*index) {
+                let _ = write!(ty, " {{{sharding}}}");
+            }
+        }
+        let attributes = match (self.replicas, self.partitions) {
+            (None, None) => String::new(),
+            (replicas, partitions) => format!(
+                " attributes {{mhlo.num_replicas = {} : i32, mhlo.num_partitions = {} : i32}}",
+                replicas.unwrap_or(1),
+                partitions.unwrap_or(1)
             ),
-            None => String::new(),
         };
         format!(
             "module @{}{attributes} {{\n  func.func public @main({}) -> ({}) {{\n{}  }}\n}}\n",
@@ -643,6 +696,26 @@ mod tests {
         assert_eq!(sig.name, "add_two");
         assert!(sig.parameters[1].donor && !sig.parameters[0].donor);
         assert_eq!(sig.results[1], TensorType::new(DType::F32, [2]));
+    }
+
+    #[test]
+    fn partitions_and_shardings_are_annotated() {
+        let mut b = Builder::new("spmd");
+        b.set_partitions(4);
+        let x = b.donated_parameter(TensorType::new(DType::F32, [8]), 0);
+        let y = b.parameter(TensorType::new(DType::F32, [8]));
+        b.set_parameter_sharding(&x, "{devices=[4]0,1,2,3}");
+        b.set_result_sharding(0, "{replicated}");
+        let s = b.binary("stablehlo.add", &x, &y);
+        let text = b.finish(&[s]);
+        assert!(text.contains("mhlo.num_replicas = 1 : i32, mhlo.num_partitions = 4 : i32"));
+        assert!(text.contains(
+            "tensor<8xf32> {tf.aliasing_output = 0 : i32, mhlo.sharding = \"{devices=[4]0,1,2,3}\"}"
+        ));
+        assert!(text.contains("-> (tensor<8xf32> {mhlo.sharding = \"{replicated}\"})"));
+        let sig = Signature::parse(&text).unwrap();
+        assert!(sig.parameters[0].donor && !sig.parameters[1].donor);
+        assert_eq!(sig.results, vec![TensorType::new(DType::F32, [8])]);
     }
 
     #[test]
