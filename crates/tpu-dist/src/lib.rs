@@ -33,6 +33,7 @@ mod mesh;
 mod process;
 mod reduce;
 mod store;
+mod world;
 
 pub use env::{DEFAULT_TIMEOUT, JobOptions, timeout_from_env};
 pub use group::DeviceGroup;
@@ -40,3 +41,4 @@ pub use mesh::{Mesh, ShardedTensor, ShardingSpec, shard};
 pub use process::ProcessGroup;
 pub use reduce::ReduceOp;
 pub use store::Store;
+pub use world::World;

@@ -98,6 +98,11 @@ fn every_collective_on_3_processes() {
 }
 
 #[test]
+fn devices_of_2_processes_reduce_in_graph_then_across() {
+    run("world", 2);
+}
+
+#[test]
 fn a_killed_peer_fails_the_survivors_within_twice_the_timeout() {
     let mut ranks = start("killed", 3, &[0, 1, 2], TIMEOUT);
     let (_, victim) = &mut ranks[2];
@@ -143,6 +148,7 @@ fn worker() {
     };
     match scenario.as_str() {
         "collectives" => collectives(&ProcessGroup::from_env().unwrap()),
+        "world" => world(),
         "killed" => killed(),
         "stuck" => stuck(),
         "mismatch" => mismatch(),
@@ -337,6 +343,46 @@ fn collectives(pg: &ProcessGroup) {
     let err = pg.send_host(&payload, rank).unwrap_err();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     pg.barrier().unwrap();
+}
+
+/// Two devices in each process: global rank `2p + d` holds `value(2p + d, i)`.
+fn world() {
+    let local = tpu_dist::DeviceGroup::new(vec![0, 1]).unwrap();
+    let world = tpu_dist::World::from_env(local.clone()).unwrap();
+    assert_eq!(world.size(), 4);
+    let first = world.first_rank();
+    let xs: Vec<Tensor> = (0..2)
+        .map(|d| {
+            let b = host(DType::F32, &[6], |i| value(first + d, i));
+            Tensor::from_host(HostTensor::from_buffer(&b), local.device(d)).unwrap()
+        })
+        .collect();
+    let back = |t: &Tensor| {
+        t.to_host()
+            .unwrap()
+            .to_f64()
+            .iter()
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    let sum: Vec<f64> = (0..6).map(|i| (0..4).map(|g| value(g, i)).sum()).collect();
+    for (d, y) in world
+        .all_reduce(&xs, ReduceOp::Sum)
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(y.device(), local.device(d));
+        assert_eq!(back(y), sum);
+    }
+    let mean: Vec<f64> = sum.iter().map(|s| s / 4.0).collect();
+    for y in world.all_reduce(&xs, ReduceOp::Mean).unwrap() {
+        assert_eq!(back(&y), mean);
+    }
+    for y in world.broadcast(&xs, 3).unwrap() {
+        assert_eq!(back(&y), (0..6).map(|i| value(3, i)).collect::<Vec<_>>());
+    }
+    world.barrier().unwrap();
 }
 
 fn timeout() -> Duration {
