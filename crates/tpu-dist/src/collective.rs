@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
+use tpu_core::metrics::CutReason;
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions};
+use tpu_core::policy::ExecutionPolicy;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{Error, Result, Runtime, Tensor};
+use tpu_core::{Error, Result, Runtime, Tensor, TensorValue};
 
 use crate::{DeviceGroup, ReduceOp};
 
@@ -198,6 +200,22 @@ fn lower(
     }
 }
 
+/// Runs the deferred work `xs` wait on, counting the cut as a
+/// collective's: each policy holding one of them flushes once (a policy
+/// records a cut only for the devices that had work pending).
+pub(crate) fn flush_pending(xs: &[Tensor]) -> Result<()> {
+    let mut flushed: Vec<Arc<dyn ExecutionPolicy>> = Vec::new();
+    for x in xs {
+        if let TensorValue::Pending(p) = x.value()
+            && !flushed.iter().any(|f| Arc::ptr_eq(f, &p.policy))
+        {
+            p.policy.flush(CutReason::Collective)?;
+            flushed.push(p.policy);
+        }
+    }
+    Ok(())
+}
+
 /// Runs `collective` over `group` on `xs` (one tensor per member).
 pub(crate) fn run(
     group: &DeviceGroup,
@@ -223,6 +241,7 @@ pub(crate) fn run(
         ..CompileOptions::default()
     };
     let executable = Runtime::global()?.compile(&program, &options)?;
+    flush_pending(xs)?;
     let buffers: Vec<Arc<Buffer>> = xs.iter().map(Tensor::buffer).collect::<Result<_>>()?;
     let args = buffers.iter().map(|b| vec![Arg::Borrow(b)]).collect();
     let outputs = executable.execute_on_devices(args)?;

@@ -552,6 +552,7 @@ impl ProcessGroup {
 
 /// `x`'s bytes in host memory.
 fn download(x: &Tensor) -> Result<HostBuffer> {
+    crate::collective::flush_pending(std::slice::from_ref(x))?;
     match x.device() {
         Device::Cpu => Ok(x.to_host()?.to_buffer()),
         Device::Tpu(_) => HostBuffer::download(&*x.buffer()?),
