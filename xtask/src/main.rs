@@ -167,12 +167,20 @@ fn test() -> Result<(), String> {
         .env("TPU_RS_REQUIRE_LIBTPU", "1")
         .env("TPU_RS_TORCH_PYTHON", &python)
         .env("TPU_RS_REQUIRE_TORCH", "1"))?;
-    // The runtime, op and collective suites again on a plugin with an older
-    // PJRT API.
+    // The runtime, op and distributed suites again on a plugin with an
+    // older PJRT API.
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
         .args(["-p", "tpu-ops", "--test", "conformance"])
-        .args(["-p", "tpu-dist", "--test", "collectives"])
+        .args([
+            "-p",
+            "tpu-dist",
+            "--test",
+            "collectives",
+            "--test",
+            "processes",
+        ])
+        .args(["--test", "sharding", "--test", "deferred"])
         .env("TPU_RS_PLUGIN", "xla-cpu"))?;
     bridge_tests()
 }
