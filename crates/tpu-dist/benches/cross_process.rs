@@ -49,7 +49,9 @@ fn worker() -> Result<()> {
         let ones = HostTensor::from_f64(DType::F32, vec![len], vec![1.0; len]).expect("ones");
         let x = Tensor::from_host(ones, Device::Tpu(0))?;
         let on_device = median(runs_for(bytes), || {
-            pg.all_reduce(&x, ReduceOp::Sum)?.buffer()?.block_until_ready()
+            pg.all_reduce(&x, ReduceOp::Sum)?
+                .buffer()?
+                .block_until_ready()
         })?;
         if pg.rank() == 0 {
             println!("{bytes} {:.1} {:.1}", on_host * 1e6, on_device * 1e6);
