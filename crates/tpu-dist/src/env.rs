@@ -20,6 +20,8 @@ pub struct JobOptions {
     /// Host of rank 0's store (`MASTER_ADDR`; default `127.0.0.1`).
     pub master_addr: String,
     /// Port of rank 0's store (`MASTER_PORT`; default 29500, as torch's).
+    /// Under torchrun, whose agent already serves its own store there, the
+    /// next port up.
     pub master_port: u16,
     /// How long any blocking call waits (`TPU_DIST_TIMEOUT` in seconds;
     /// default 30 minutes, as torch's).
@@ -60,7 +62,7 @@ impl JobOptions {
                 .ok()
                 .filter(|a| !a.is_empty())
                 .unwrap_or_else(|| "127.0.0.1".into()),
-            master_port: optional("MASTER_PORT")?.unwrap_or(29500),
+            master_port: store_port()?,
             timeout: timeout_from_env()?,
         })
     }
@@ -73,6 +75,22 @@ impl JobOptions {
             format!("{}:{}", self.master_addr, self.master_port)
         }
     }
+}
+
+/// `MASTER_PORT`, or the port above it when torchrun's agent holds it.
+fn store_port() -> Result<u16> {
+    let port: u16 = optional("MASTER_PORT")?.unwrap_or(29500);
+    let agent_store = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
+    if !agent_store {
+        return Ok(port);
+    }
+    port.checked_add(1).ok_or_else(|| {
+        invalid(
+            "MASTER_PORT",
+            port.to_string(),
+            "leaves no port above it for the tpu-dist store under torchrun",
+        )
+    })
 }
 
 /// `TPU_DIST_TIMEOUT` (seconds, fractions allowed), or the default.

@@ -14,6 +14,12 @@ pub struct World {
     processes: Option<ProcessGroup>,
 }
 
+impl From<DeviceGroup> for World {
+    fn from(local: DeviceGroup) -> World {
+        World::new(local, None)
+    }
+}
+
 impl World {
     /// `local` alone, or `local` in every process of `processes`.
     pub fn new(local: DeviceGroup, processes: Option<ProcessGroup>) -> World {

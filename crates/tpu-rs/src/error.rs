@@ -48,6 +48,28 @@ pub enum Error {
         /// `name: checkpoint shape vs model shape`.
         mismatched: String,
     },
+    /// A global batch whose rows do not split into one equal shard per
+    /// data-parallel replica.
+    #[error(
+        "DataParallel: a batch of shape {shape} ({rows} rows) does not split into {replicas} equal shards; use a batch size divisible by {replicas}"
+    )]
+    UnevenBatch {
+        /// The batch's shape.
+        shape: String,
+        /// Its rows (leading dimension).
+        rows: usize,
+        /// The number of replicas.
+        replicas: usize,
+    },
+    /// Data-parallel replicas that do not match their device group or each
+    /// other (or optimizers that do not match the replicas).
+    #[error("DataParallel over {group}: {reason}")]
+    Replicas {
+        /// The devices, e.g. `tpu:{0, 1}`.
+        group: String,
+        /// What is wrong, naming the rank.
+        reason: String,
+    },
     /// Reading or writing a file.
     #[error("{path}: {message}")]
     Io {

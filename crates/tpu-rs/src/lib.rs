@@ -10,11 +10,15 @@
 //! assert_eq!(x.grad().unwrap().to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
 //! # Ok::<(), tpu_rs::Error>(())
 //! ```
+//!
+//! [`dist::DataParallel`] trains one model replica per local device on
+//! equal shards of each batch, averaging gradients over the replicas.
 #![warn(missing_docs)]
 
 mod autograd;
 pub mod checkpoint;
 mod display;
+pub mod dist;
 mod error;
 mod functional;
 pub mod models;
