@@ -2,24 +2,13 @@
 //! per member, against a host `memcpy` of the same bytes, in one run.
 //! `cargo bench -p tpu-dist`.
 
-use std::hint::black_box;
-use std::time::Instant;
+mod common;
 
+use std::hint::black_box;
+
+use common::median;
 use tpu_core::{DType, HostTensor, Result, Tensor};
 use tpu_dist::{DeviceGroup, ReduceOp};
-
-/// Median seconds of `f` over `runs` runs, after one warm-up.
-fn median(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let started = Instant::now();
-        f()?;
-        samples.push(started.elapsed().as_secs_f64());
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[runs / 2])
-}
 
 fn main() -> Result<()> {
     println!("{}", tpu_core::Runtime::global()?.describe(0)?);

@@ -5,11 +5,13 @@
 //! cross_process`. The PyTorch peer runs from `TPU_RS_TORCH_PYTHON`, else
 //! the workspace's `.venv`; without it only tpu-dist's figures print.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
+use common::median;
 use tpu_core::{DType, Device, HostBuffer, HostTensor, Result, Tensor};
 use tpu_dist::{ProcessGroup, ReduceOp};
 
@@ -18,19 +20,6 @@ const ROLE: &str = "TPU_DIST_BENCH_RANK";
 
 fn runs_for(bytes: usize) -> usize {
     if bytes >= 4 << 20 { 5 } else { 21 }
-}
-
-/// Median seconds of `f` over `runs` runs, after one warm-up.
-fn median(runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let started = Instant::now();
-        f()?;
-        samples.push(started.elapsed().as_secs_f64());
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[runs / 2])
 }
 
 /// One rank: prints `BYTES HOST_US DEVICE_US` per size on rank 0.

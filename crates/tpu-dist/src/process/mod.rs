@@ -408,16 +408,8 @@ impl ProcessGroup {
         sig: &Signature,
         body: impl FnOnce(&Gloo, u32, Duration) -> std::result::Result<T, String>,
     ) -> Result<T> {
-        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.usable(sig)?;
         let seq = state.seq;
-        if let Some(failed) = &state.failed {
-            return Err(self.failure(
-                sig,
-                seq,
-                Vec::new(),
-                format!("the group failed earlier: {failed}"),
-            ));
-        }
         state.seq += 1;
         self.inner.progress.entered(state.seq);
         let entered = Instant::now();
@@ -425,11 +417,17 @@ impl ProcessGroup {
         // Two tags per collective: its signature, then its payload.
         let tag = (seq as u32).wrapping_mul(2);
         let mut signatures = vec![0; signature::LEN * self.world_size()];
-        let outcome = state
+        let exchanged = state
             .gloo
-            .all_gather(&sig.encode(), &mut signatures, tag, timeout)
-            .and_then(|()| sig.agree(&signatures, self.rank()))
-            .and_then(|()| body(&state.gloo, tag.wrapping_add(1), timeout));
+            .all_gather(&sig.encode(), &mut signatures, tag, timeout);
+        if exchanged.is_ok()
+            && let Err(reason) = sig.agree(&signatures, self.rank())
+        {
+            // Every rank saw every signature and skips the payload alike,
+            // so the group stays usable.
+            return Err(self.failure(sig, seq, Vec::new(), reason));
+        }
+        let outcome = exchanged.and_then(|()| body(&state.gloo, tag.wrapping_add(1), timeout));
         outcome.map_err(|reason| {
             state.failed = Some(reason.clone());
             match self.missing(seq, entered) {
@@ -448,16 +446,8 @@ impl ProcessGroup {
         sending: bool,
         body: impl FnOnce(&Gloo, u32, Duration) -> std::result::Result<(), String>,
     ) -> Result<()> {
-        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.usable(sig)?;
         let seq = state.seq;
-        if let Some(failed) = &state.failed {
-            return Err(self.failure(
-                sig,
-                seq,
-                Vec::new(),
-                format!("the group failed earlier: {failed}"),
-            ));
-        }
         let counter = if sending {
             state.sent.entry(peer).or_default()
         } else {
@@ -469,6 +459,20 @@ impl ProcessGroup {
             state.failed = Some(reason.clone());
             self.failure(sig, seq, Vec::new(), reason)
         })
+    }
+
+    /// The group's state, unless an earlier failure broke it.
+    fn usable(&self, sig: &Signature) -> Result<std::sync::MutexGuard<'_, State>> {
+        let state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &state.failed {
+            Some(failed) => Err(self.failure(
+                sig,
+                state.seq,
+                Vec::new(),
+                format!("the group failed earlier: {failed}"),
+            )),
+            None => Ok(state),
+        }
     }
 
     /// Ranks whose published progress shows they never entered collective
