@@ -14,7 +14,7 @@ use crate::Device;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
 use crate::op::{Attrs, OpDef, OpId, check_inputs, registry, run_reference};
-use crate::stablehlo::TensorType;
+use crate::stablehlo::{Builder, TensorType, Value};
 use crate::tensor::Tensor;
 
 /// The eager modes.
@@ -94,6 +94,24 @@ pub struct OpCall<'a> {
     pub location: &'static Location<'static>,
 }
 
+/// Lowers a collective's body for one member: its input, its output.
+pub type LowerCollective<'a> =
+    &'a dyn Fn(&mut Builder, &Value) -> std::result::Result<Value, String>;
+
+/// A collective over several devices, one input per member, offered to
+/// the policy holding its pending inputs so it can run in the same
+/// program as their pending work.
+pub struct CollectiveCall<'a> {
+    /// The collective, e.g. `all_reduce`.
+    pub name: &'a str,
+    /// The member devices, in rank order (the replicas of the program).
+    pub devices: &'a [usize],
+    /// One input per member, on its device.
+    pub inputs: &'a [Tensor],
+    /// The body, written for one member of `devices.len()` replicas.
+    pub lower: LowerCollective<'a>,
+}
+
 /// How ops on `tpu` tensors run.
 pub trait ExecutionPolicy: Send + Sync {
     /// Which mode this is.
@@ -104,6 +122,14 @@ pub trait ExecutionPolicy: Send + Sync {
     fn materialize(&self, tensor: &Tensor) -> Result<()>;
     /// Runs everything pending; `reason` says why (for metrics).
     fn flush(&self, reason: CutReason) -> Result<()>;
+    /// Runs `call` together with the pending work its inputs wait on, as
+    /// one program replicated over its devices, and returns each member's
+    /// output; `None` when this policy cannot (the caller then runs the
+    /// collective on its own).
+    fn fuse_collective(&self, call: &CollectiveCall<'_>) -> Result<Option<Vec<Tensor>>> {
+        let _ = call;
+        Ok(None)
+    }
 }
 
 /// A policy constructor submitted by a policy crate.

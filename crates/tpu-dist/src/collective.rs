@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tpu_core::metrics::CutReason;
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions};
-use tpu_core::policy::ExecutionPolicy;
+use tpu_core::policy::{CollectiveCall, ExecutionPolicy};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{Error, Result, Runtime, Tensor, TensorValue};
 
@@ -216,6 +216,29 @@ pub(crate) fn flush_pending(xs: &[Tensor]) -> Result<()> {
     Ok(())
 }
 
+/// Offers `collective` to the policy holding `xs`' pending work, which
+/// may run both as one replicated program; `None` when it did not.
+fn fuse(
+    group: &DeviceGroup,
+    collective: &Collective,
+    xs: &[Tensor],
+) -> Result<Option<Vec<Tensor>>> {
+    let Some(policy) = xs.iter().find_map(|x| match x.value() {
+        TensorValue::Pending(p) => Some(p.policy),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let n = group.len();
+    let body = |b: &mut Builder, x: &Value| lower(b, collective, x, n);
+    policy.fuse_collective(&CollectiveCall {
+        name: collective.name(),
+        devices: group.devices(),
+        inputs: xs,
+        lower: &body,
+    })
+}
+
 /// Runs `collective` over `group` on `xs` (one tensor per member).
 pub(crate) fn run(
     group: &DeviceGroup,
@@ -235,6 +258,9 @@ pub(crate) fn run(
     let x = b.parameter(ty);
     let y = lower(&mut b, &collective, &x, n).map_err(|reason| group.invalid(name, xs, reason))?;
     let program = b.finish(&[y]);
+    if let Some(fused) = fuse(group, &collective, xs)? {
+        return Ok(fused);
+    }
     let options = CompileOptions {
         num_replicas: n,
         device_assignment: Some(group.devices().to_vec()),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tpu_core::op::{Attrs, OpDef, OpId};
 use tpu_core::pjrt::Buffer;
+use tpu_core::policy::LowerCollective;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{Error, Result, TensorValue, WeakTensor};
 
@@ -111,10 +112,14 @@ impl Graph {
             .is_some_and(|t| matches!(t.value(), TensorValue::Pending(p) if p.token == out.token))
     }
 
-    /// Outputs still wanted, and the nodes needed to compute them.
-    pub fn live(&self) -> (Vec<(usize, usize)>, Vec<bool>) {
+    /// Outputs still wanted, and the nodes needed to compute them and
+    /// `extra` (the input of a fused collective).
+    pub fn live(&self, extra: Option<Src>) -> (Vec<(usize, usize)>, Vec<bool>) {
         let mut results = Vec::new();
         let mut needed = vec![false; self.nodes.len()];
+        if let Some(Src::Node(n, _)) = extra {
+            needed[n] = true;
+        }
         for (n, node) in self.nodes.iter().enumerate() {
             for (o, out) in node.outputs.iter().enumerate() {
                 if Self::is_live(out) {
@@ -205,8 +210,23 @@ pub(crate) fn node_error(graph: &Graph, node: &Node, source: Error) -> Error {
     }
 }
 
-/// The program text of `plan`: dead nodes are skipped.
-pub(crate) fn lower(graph: &Graph, plan: &Plan, needed: &[bool]) -> Result<String> {
+/// A collective appended to a graph: its input and its body for one of
+/// `replicas` members.
+pub(crate) struct Tail<'a> {
+    pub input: Src,
+    pub lower: LowerCollective<'a>,
+    pub replicas: usize,
+    pub name: &'a str,
+}
+
+/// The program text of `plan`: dead nodes are skipped; a `tail`
+/// collective's output is the last result.
+pub(crate) fn lower(
+    graph: &Graph,
+    plan: &Plan,
+    needed: &[bool],
+    tail: Option<&Tail<'_>>,
+) -> Result<String> {
     let mut b = Builder::new("fused");
     let params: HashMap<usize, Value> = plan
         .params
@@ -241,11 +261,25 @@ pub(crate) fn lower(graph: &Graph, plan: &Plan, needed: &[bool]) -> Result<Strin
         })?;
         node_values.push(outs);
     }
-    let values: Vec<Value> = plan
+    let mut values: Vec<Value> = plan
         .results
         .iter()
         .map(|&(n, o)| node_values[n][o].clone())
         .collect();
+    if let Some(tail) = tail {
+        let input = match tail.input {
+            Src::Node(m, o) => node_values[m][o].clone(),
+            Src::External(i) => params[&i].clone(),
+        };
+        b.set_replicas(tail.replicas);
+        let out = (tail.lower)(&mut b, &input).map_err(|reason| Error::InvalidInput {
+            op: tail.name.to_string(),
+            inputs: input.ty().to_string(),
+            device: "tpu".into(),
+            reason,
+        })?;
+        values.push(out);
+    }
     for (i, donation) in plan.params.iter().zip(&plan.donations) {
         if let Some(r) = donation {
             b.donate(&params[i], *r);

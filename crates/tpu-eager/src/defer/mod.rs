@@ -2,7 +2,8 @@
 //! compiled as one program when a value is needed.
 //!
 //! Cut points: a host read or any other materialisation, an explicit
-//! `sync()`, the end of a backward pass, a non-fusible or host-sync op, a cap
+//! `sync()`, the end of a backward pass, a collective (which joins the
+//! graphs of its members when they match), a non-fusible or host-sync op, a cap
 //! on pending ops or bytes, and a repeated-sequence heuristic that cuts a
 //! training loop into one identical graph per step. Graphs are canonical by
 //! construction (parameters and values numbered in recording order, scalars
@@ -10,6 +11,7 @@
 //! intermediates are never materialised, and inputs that no tensor holds any
 //! more are donated to the program.
 
+mod fused_collective;
 mod graph;
 
 use std::collections::HashMap;
@@ -20,7 +22,7 @@ use graph::{Graph, Node, Output, Plan, Src, lower, node_error, plan};
 use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
-use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
 
 use crate::Strict;
@@ -318,7 +320,7 @@ impl DeferAndFuse {
             return Ok(());
         }
         state.repeat_cut = false;
-        let (results, needed) = graph.live();
+        let (results, needed) = graph.live(None);
         let n = graph.nodes.len();
         state.previous = Some((n, graph.fingerprints[n - 1]));
         if results.is_empty() {
@@ -330,39 +332,8 @@ impl DeferAndFuse {
         let Graph {
             nodes, externals, ..
         } = graph;
-        let mut externals: Vec<Option<Arc<Buffer>>> = externals.into_iter().map(Some).collect();
-        // Donated buffers move into the call; the rest are borrowed from
-        // `shared`, which outlives it.
-        enum Slot {
-            Donated(Buffer),
-            Shared(usize),
-        }
-        let mut shared: Vec<Arc<Buffer>> = Vec::new();
-        let mut slots = Vec::with_capacity(plan.params.len());
-        for (&i, donation) in plan.params.iter().zip(&plan.donations) {
-            let buffer = externals[i]
-                .take()
-                .ok_or_else(|| Error::Signature("a deferred graph lists an input twice".into()))?;
-            let buffer = match donation {
-                Some(_) => match Arc::try_unwrap(buffer) {
-                    Ok(b) => {
-                        slots.push(Slot::Donated(b));
-                        continue;
-                    }
-                    Err(b) => b,
-                },
-                None => buffer,
-            };
-            shared.push(buffer);
-            slots.push(Slot::Shared(shared.len() - 1));
-        }
-        let args: Vec<Arg<'_>> = slots
-            .into_iter()
-            .map(|slot| match slot {
-                Slot::Donated(b) => Arg::Donate(b),
-                Slot::Shared(k) => Arg::Borrow(shared[k].as_ref()),
-            })
-            .collect();
+        let mut params = Parameters::new(externals, &plan)?;
+        let args = params.args();
         let outputs = executable.execute(args)?;
         for (&(n, o), buffer) in plan.results.iter().zip(outputs) {
             if let Some(t) = nodes[n].outputs[o].tensor.upgrade() {
@@ -397,7 +368,7 @@ impl DeferAndFuse {
             record_cache_hit();
             return Ok(exe.clone());
         }
-        let program = lower(graph, plan, needed)?;
+        let program = lower(graph, plan, needed, None)?;
         let exe = Runtime::global()?
             .compile(&program, &CompileOptions::on_device(device))
             .map_err(|e| blame(graph, needed, device, e))?;
@@ -414,6 +385,59 @@ impl DeferAndFuse {
             Some(state) => self.cut(state, device, reason),
             None => Ok(()),
         }
+    }
+}
+
+/// The buffers a cut passes to its program: donated ones move into the
+/// call, the rest are borrowed from `shared`, which outlives it.
+struct Parameters {
+    slots: Vec<Slot>,
+    shared: Vec<Arc<Buffer>>,
+}
+
+enum Slot {
+    Donated(Buffer),
+    Shared(usize),
+}
+
+impl Parameters {
+    /// `plan`'s parameters out of a graph's `externals`.
+    fn new(externals: Vec<Arc<Buffer>>, plan: &Plan) -> Result<Parameters> {
+        let mut externals: Vec<Option<Arc<Buffer>>> = externals.into_iter().map(Some).collect();
+        let mut params = Parameters {
+            slots: Vec::with_capacity(plan.params.len()),
+            shared: Vec::new(),
+        };
+        for (&i, donation) in plan.params.iter().zip(&plan.donations) {
+            let buffer = externals[i]
+                .take()
+                .ok_or_else(|| Error::Signature("a deferred graph lists an input twice".into()))?;
+            let buffer = match donation {
+                Some(_) => match Arc::try_unwrap(buffer) {
+                    Ok(b) => {
+                        params.slots.push(Slot::Donated(b));
+                        continue;
+                    }
+                    Err(b) => b,
+                },
+                None => buffer,
+            };
+            params.shared.push(buffer);
+            params.slots.push(Slot::Shared(params.shared.len() - 1));
+        }
+        Ok(params)
+    }
+
+    /// The call's arguments (once).
+    fn args(&mut self) -> Vec<Arg<'_>> {
+        let slots = std::mem::take(&mut self.slots);
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Donated(b) => Arg::Donate(b),
+                Slot::Shared(k) => Arg::Borrow(self.shared[k].as_ref()),
+            })
+            .collect()
     }
 }
 
@@ -478,6 +502,10 @@ impl ExecutionPolicy for DeferAndFuse {
             },
             None => Ok(()),
         }
+    }
+
+    fn fuse_collective(&self, call: &CollectiveCall<'_>) -> Result<Option<Vec<Tensor>>> {
+        self.fused_collective(call)
     }
 
     fn flush(&self, reason: CutReason) -> Result<()> {
