@@ -93,6 +93,11 @@ fn every_collective_on_2_processes() {
 }
 
 #[test]
+fn every_collective_on_1_process() {
+    run("collectives", 1);
+}
+
+#[test]
 fn every_collective_on_3_processes() {
     run("collectives", 3);
 }
@@ -318,7 +323,9 @@ fn collectives(pg: &ProcessGroup) {
     let next = (rank + 1) % n;
     let prev = (rank + n - 1) % n;
     let payload = host(DType::I64, &[3], |i| value(rank, i));
-    if rank % 2 == 0 {
+    if n == 1 {
+        // Alone, there is no one to send to.
+    } else if rank % 2 == 0 {
         pg.send_host(&payload, next).unwrap();
         let got = pg.recv_host(DType::I64, vec![3], prev).unwrap();
         assert_eq!(
@@ -337,9 +344,11 @@ fn collectives(pg: &ProcessGroup) {
 
     // Bad calls are typed errors before any traffic, and the group stays
     // usable.
-    let odd = host(DType::F32, &[2, 3 * n + 1], |i| value(rank, i));
-    let err = pg.reduce_scatter_host(odd, ReduceOp::Sum, 1).unwrap_err();
-    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    if n > 1 {
+        let odd = host(DType::F32, &[2, 3 * n + 1], |i| value(rank, i));
+        let err = pg.reduce_scatter_host(odd, ReduceOp::Sum, 1).unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    }
     let err = pg.send_host(&payload, rank).unwrap_err();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     pg.barrier().unwrap();
