@@ -137,6 +137,34 @@ fn a_job_whose_peers_never_start_fails_at_init() {
     finish(start("alone", 2, &[0], TIMEOUT), Duration::from_secs(30));
 }
 
+#[test]
+fn malformed_launcher_variables_are_errors_naming_the_variable() {
+    for (variable, value) in [
+        ("RANK", "abc"),
+        ("RANK", "5"),
+        ("WORLD_SIZE", "0"),
+        ("MASTER_PORT", "99999"),
+        ("TPU_DIST_TIMEOUT", "-1"),
+        ("TPU_DIST_TIMEOUT", "soon"),
+    ] {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "worker", "--nocapture"])
+            .env(ROLE, "bad_env")
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_PORT", free_port().to_string())
+            .env(variable, value)
+            .env("TPU_DIST_EXPECT", variable)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{variable}={value}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 fn run_with_timeout(scenario: &str, world: usize) {
     let ranks: Vec<usize> = (0..world).collect();
     finish(
@@ -158,6 +186,7 @@ fn worker() {
         "stuck" => stuck(),
         "mismatch" => mismatch(),
         "alone" => alone(),
+        "bad_env" => bad_env(),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -493,4 +522,14 @@ fn alone() {
         matches!(err, Error::Collective { .. } | Error::Rendezvous { .. }),
         "{err}"
     );
+}
+
+/// `TPU_DIST_EXPECT` names the variable the launcher set wrong.
+fn bad_env() {
+    let variable = std::env::var("TPU_DIST_EXPECT").unwrap();
+    let err = ProcessGroup::from_env().err().unwrap();
+    let Error::InvalidOption { option, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(*option, variable, "{err}");
 }
