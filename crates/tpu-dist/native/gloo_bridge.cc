@@ -177,39 +177,89 @@ void all_reduce_as(const std::shared_ptr<gloo::Context>& context,
   if (mean) divide(elements, n, context->size);
 }
 
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+// Calls `fn(Type<T>{})` with the element type of dtype code `dtype` (the
+// codes of `codes` in src/gloo/mod.rs).
+template <typename Fn>
+void with_dtype(uint8_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case 0:
+      return fn(Type<uint8_t>{});
+    case 1:
+      return fn(Type<int8_t>{});
+    case 2:
+      return fn(Type<int16_t>{});
+    case 3:
+      return fn(Type<int32_t>{});
+    case 4:
+      return fn(Type<int64_t>{});
+    case 5:
+      return fn(Type<uint32_t>{});
+    case 6:
+      return fn(Type<gloo::float16>{});
+    case 7:
+      return fn(Type<Bf16>{});
+    case 8:
+      return fn(Type<float>{});
+    case 9:
+      return fn(Type<double>{});
+  }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
+}
+
+// Each rank's block `r` of `input` goes to rank `r`, which reduces the
+// blocks it receives in rank order: the same bytes on the wire as a ring
+// reduce-scatter, and the same result on every rank.
+template <typename T>
+void reduce_scatter_as(const std::shared_ptr<gloo::Context>& context,
+                       rust::Slice<const uint8_t> input,
+                       rust::Slice<uint8_t> output, uint8_t op, uint32_t tag,
+                       Millis timeout) {
+  const bool mean = op == 4;
+  if (mean) divide(static_cast<T*>(nullptr), 0, 1);  // integer means fail early
+  std::vector<uint8_t> received(input.size());
+  gloo::AlltoallOptions opts(context);
+  opts.setInput(const_cast<uint8_t*>(input.data()), input.size());
+  opts.setOutput(received.data(), received.size());
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::alltoall(opts);
+  const size_t block = output.size();
+  const size_t n = block / sizeof(T);
+  auto combine = reducer<T>(mean ? 0 : op);
+  std::memcpy(output.data(), received.data(), block);
+  for (int r = 1; r < context->size; r++) {
+    combine(output.data(), output.data(), received.data() + r * block, n);
+  }
+  if (mean) divide(reinterpret_cast<T*>(output.data()), n, context->size);
+}
+
 }  // namespace
 
 GlooContext::GlooContext(std::shared_ptr<gloo::Context> context)
     : context_(std::move(context)) {}
 
-// dtype codes match `HostDType` in src/gloo/mod.rs.
 void GlooContext::all_reduce(rust::Slice<uint8_t> data, uint8_t dtype,
                              uint8_t op, uint32_t tag,
                              uint64_t timeout_ms) const {
-  Millis timeout(timeout_ms);
-  switch (dtype) {
-    case 0:
-      return all_reduce_as<uint8_t>(context_, data, op, tag, timeout);
-    case 1:
-      return all_reduce_as<int8_t>(context_, data, op, tag, timeout);
-    case 2:
-      return all_reduce_as<int16_t>(context_, data, op, tag, timeout);
-    case 3:
-      return all_reduce_as<int32_t>(context_, data, op, tag, timeout);
-    case 4:
-      return all_reduce_as<int64_t>(context_, data, op, tag, timeout);
-    case 5:
-      return all_reduce_as<uint32_t>(context_, data, op, tag, timeout);
-    case 6:
-      return all_reduce_as<gloo::float16>(context_, data, op, tag, timeout);
-    case 7:
-      return all_reduce_as<Bf16>(context_, data, op, tag, timeout);
-    case 8:
-      return all_reduce_as<float>(context_, data, op, tag, timeout);
-    case 9:
-      return all_reduce_as<double>(context_, data, op, tag, timeout);
-  }
-  throw std::invalid_argument("unknown dtype code " + std::to_string(dtype));
+  with_dtype(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    all_reduce_as<T>(context_, data, op, tag, Millis(timeout_ms));
+  });
+}
+
+void GlooContext::reduce_scatter(rust::Slice<const uint8_t> input,
+                                 rust::Slice<uint8_t> output, uint8_t dtype,
+                                 uint8_t op, uint32_t tag,
+                                 uint64_t timeout_ms) const {
+  with_dtype(dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    reduce_scatter_as<T>(context_, input, output, op, tag, Millis(timeout_ms));
+  });
 }
 
 void GlooContext::all_gather(rust::Slice<const uint8_t> input,

@@ -23,6 +23,9 @@ class GlooContext {
 
   void all_reduce(rust::Slice<uint8_t> data, uint8_t dtype, uint8_t op,
                   uint32_t tag, uint64_t timeout_ms) const;
+  void reduce_scatter(rust::Slice<const uint8_t> input,
+                      rust::Slice<uint8_t> output, uint8_t dtype, uint8_t op,
+                      uint32_t tag, uint64_t timeout_ms) const;
   void all_gather(rust::Slice<const uint8_t> input, rust::Slice<uint8_t> output,
                   uint32_t tag, uint64_t timeout_ms) const;
   void broadcast(rust::Slice<uint8_t> data, int32_t root, uint32_t tag,

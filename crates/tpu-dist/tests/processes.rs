@@ -339,6 +339,42 @@ fn collectives(pg: &ProcessGroup) {
         .collect();
     assert_eq!(got, want, "reduce_scatter");
 
+    // reduce_scatter in every dtype and reduction, on the host.
+    for dtype in DType::ALL {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Prod,
+            ReduceOp::Mean,
+        ] {
+            if op == ReduceOp::Mean && !dtype.is_float() {
+                continue;
+            }
+            let mine = host(dtype, &wide, |i| value(rank, i));
+            let got = f64s(&pg.reduce_scatter_host(mine, op, 1).unwrap());
+            let stored: Vec<Vec<f64>> = (0..n)
+                .map(|r| f64s(&host(dtype, &wide, |i| value(r, i))))
+                .collect();
+            let want: Vec<f64> = (0..2)
+                .flat_map(|row| (0..6).map(move |c| row * 6 * n + rank * 6 + c))
+                .map(|i| reduce(op, dtype, &stored.iter().map(|v| v[i]).collect::<Vec<_>>()))
+                .collect();
+            let want = f64s(
+                &HostTensor::from_f64(dtype, vec![2, 6], want)
+                    .unwrap()
+                    .to_buffer(),
+            );
+            let tol = if op == ReduceOp::Mean { 1e-2 } else { 0.0 };
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= tol * w.abs(),
+                    "reduce_scatter {op} on {dtype}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
     let got = back(pg.all_to_all(&on_device(x), 1, 0).unwrap());
     let want: Vec<f64> = (0..n)
         .flat_map(|src| {

@@ -32,6 +32,15 @@ pub(crate) mod ffi {
             tag: u32,
             timeout_ms: u64,
         ) -> Result<()>;
+        fn reduce_scatter(
+            self: &GlooContext,
+            input: &[u8],
+            output: &mut [u8],
+            dtype: u8,
+            op: u8,
+            tag: u32,
+            timeout_ms: u64,
+        ) -> Result<()>;
         fn all_gather(
             self: &GlooContext,
             input: &[u8],

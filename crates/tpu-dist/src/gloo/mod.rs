@@ -90,6 +90,23 @@ impl Gloo {
             .map_err(reason)
     }
 
+    /// Reduces every process's `input` (one block per rank, in rank order)
+    /// and leaves block `rank` of the result in `output`.
+    pub(crate) fn reduce_scatter(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        tag: u32,
+        timeout: Duration,
+    ) -> GlooResult<()> {
+        let (dtype, op) = codes(dtype, op);
+        self.context()
+            .reduce_scatter(input, output, dtype, op, tag, millis(timeout))
+            .map_err(reason)
+    }
+
     /// Concatenates every process's `input` into `output`, in rank order.
     pub(crate) fn all_gather(
         &self,

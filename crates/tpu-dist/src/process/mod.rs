@@ -257,14 +257,11 @@ impl ProcessGroup {
             return Err(self.invalid(&sig, reason));
         }
         let (dtype, elem) = (x.dtype(), x.dtype().size_in_bytes());
-        // Reduce everything, then keep this rank's block: Gloo's reduce-
-        // scatter takes per-rank element counts only for some transports.
-        let mut bytes = layout::split(x.bytes(), &dims, dim, n, elem);
+        let blocks = layout::split(x.bytes(), &dims, dim, n, elem);
+        let mut mine = vec![0; blocks.len() / n];
         self.run(&sig, |gloo, tag, timeout| {
-            gloo.all_reduce(&mut bytes, dtype, op, tag, timeout)
+            gloo.reduce_scatter(&blocks, &mut mine, dtype, op, tag, timeout)
         })?;
-        let block = bytes.len() / n;
-        let mine = bytes[self.rank() * block..(self.rank() + 1) * block].to_vec();
         let mut out_dims = dims;
         out_dims[dim] /= n;
         HostBuffer::from_bytes(mine, dtype, out_dims)
