@@ -94,6 +94,8 @@ pub struct DataParallel<M> {
     world: World,
     replicas: Vec<Replica<M>>,
     bucket_bytes: usize,
+    /// Each process passes its own batch rather than the global one.
+    process_batches: bool,
 }
 
 impl<M> DataParallel<M> {
@@ -125,6 +127,7 @@ impl<M> DataParallel<M> {
             world,
             replicas,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            process_batches: false,
         };
         dp.check_replicas()?;
         dp.sync_parameters()?;
@@ -216,13 +219,29 @@ impl<M> DataParallel<M> {
         })
     }
 
-    /// This process's shards of a global batch (every process passes the
-    /// same one), one per local device: global rank `g` gets rows
-    /// `g * k .. (g + 1) * k` with `k = rows / world size`.
+    /// Each process passes its own batch (as a distributed sampler gives
+    /// it; the same size in every process), split over its local devices,
+    /// instead of the global batch. The gradients and the loss are still
+    /// means over every process's rows.
+    pub fn with_process_batches(mut self) -> DataParallel<M> {
+        self.process_batches = true;
+        self
+    }
+
+    /// This process's shards of a batch, one per local device. By default
+    /// every process passes the same global batch and global rank `g` gets
+    /// rows `g * k .. (g + 1) * k` with `k = rows / world size`; with
+    /// [`DataParallel::with_process_batches`] the batch is this process's
+    /// own and local device `d` gets rows `d * k ..` with
+    /// `k = rows / local devices`.
     ///
     /// Fails with [`Error::UnevenBatch`] when the rows do not divide.
     pub fn scatter(&self, batch: &Tensor) -> Result<Vec<Tensor>> {
-        let n = self.world.size();
+        let (n, first) = if self.process_batches {
+            (self.world.local().len(), 0)
+        } else {
+            (self.world.size(), self.world.first_rank())
+        };
         let Some(&rows) = batch.dims().first() else {
             return Err(Error::Shape {
                 layer: "DataParallel".into(),
@@ -244,7 +263,6 @@ impl<M> DataParallel<M> {
             return Ok(vec![batch.to_device(group.device(0))?]);
         }
         let k = rows / n;
-        let first = self.world.first_rank();
         (0..group.len())
             .map(|r| {
                 let shard = batch

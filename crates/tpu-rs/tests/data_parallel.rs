@@ -416,6 +416,32 @@ fn rank_of_a_data_parallel_job() -> Result<()> {
                 let what = format!("{mode} gpt sgd, {devices} device(s) x 2 processes");
                 gpt_data_parallel(gpt_sgd, world, &batches, &want, true, &what)?;
             }
+            // Each process passes only its half of every batch.
+            let rank = processes.rank() as i64;
+            let halves: Vec<(Tensor, Tensor)> = batches
+                .iter()
+                .map(|(x, y)| {
+                    let half = (ROWS / 2) as i64;
+                    Ok((
+                        x.narrow(0, rank * half, half)?,
+                        y.narrow(0, rank * half, half)?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+            let world = World::new(DeviceGroup::new(vec![0])?, Some(processes.clone()));
+            let dp = DataParallel::new(world, build_gpt)?.with_process_batches();
+            let mut opts = dp.optimizers(gpt_sgd);
+            for (step, ((x, y), (loss, params))) in halves.iter().zip(&want).enumerate() {
+                let got = dp.forward_backward(x, y, |m, x, y| m.loss(x, y))?;
+                for (replica, opt) in dp.replicas().iter().zip(&mut opts) {
+                    clip_grad_norm(replica.parameters(), 1.0)?;
+                    opt.step()?;
+                    opt.zero_grad();
+                }
+                let what = format!("{mode} gpt sgd, per-process batches, step {step}");
+                assert_close(&[got.item()?], &[*loss], &what);
+                assert_same_params(dp.store(), params, &what)?;
+            }
             Ok(())
         })??;
     }
