@@ -362,3 +362,37 @@ fn bad_calls_are_typed_errors_naming_the_collective() {
     ));
     assert!(DeviceGroup::new(vec![]).is_err());
 }
+
+#[test]
+fn collectives_from_several_threads_at_once_each_get_their_own_answer() {
+    // Overlapping groups in different orders: launched concurrently, their
+    // replicas could meet the devices in different orders and wait on each
+    // other forever.
+    let groups = [vec![0, 1, 2, 3], vec![1, 0], vec![3, 2, 1, 0], vec![2, 3]];
+    std::thread::scope(|s| {
+        for (t, devices) in groups.iter().enumerate() {
+            s.spawn(move || {
+                let group = DeviceGroup::new(devices.clone()).unwrap();
+                let n = group.len();
+                for i in 0..25usize {
+                    let len = 1 << (8 + i % 6);
+                    let xs: Vec<Tensor> = (0..n)
+                        .map(|r| {
+                            tensor(
+                                &group,
+                                r,
+                                DType::F32,
+                                &[len],
+                                vec![(t * 100 + i + r) as f64; len],
+                            )
+                        })
+                        .collect();
+                    let want = (0..n).map(|r| (t * 100 + i + r) as f64).sum::<f64>();
+                    for y in group.all_reduce(&xs, ReduceOp::Sum).unwrap() {
+                        assert!(values(&y).iter().all(|&v| v == want), "thread {t} call {i}");
+                    }
+                }
+            });
+        }
+    });
+}

@@ -185,7 +185,31 @@ impl Executable {
     /// in [`Executable::devices`] order; returns one output list per device.
     /// Execution is asynchronous: outputs are handles whose contents are
     /// ready when their [`Buffer::ready_event`] fires.
+    ///
+    /// A program over several devices (a collective) is launched alone in
+    /// the process, so every device meets collectives in the same order.
+    /// On the CPU plugins, whose collectives block worker threads until
+    /// every replica arrives, nothing else is launched until it completes:
+    /// work launched from other threads meanwhile could take the threads
+    /// its last replica needs, and the plugin aborts the process after 40 s
+    /// (seen with data-parallel tests running side by side).
     pub fn execute_on_devices(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
+        static LAUNCH: std::sync::RwLock<()> = std::sync::RwLock::new(());
+        if self.devices.len() == 1 {
+            let _shared = LAUNCH.read().unwrap_or_else(|e| e.into_inner());
+            return self.launch(args);
+        }
+        let _alone = LAUNCH.write().unwrap_or_else(|e| e.into_inner());
+        let outputs = self.launch(args)?;
+        if self.client.platform_name == "cpu" {
+            for buffer in outputs.iter().flatten() {
+                buffer.block_until_ready()?;
+            }
+        }
+        Ok(outputs)
+    }
+
+    fn launch(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
         self.check_args(&args)?;
         let num_args = self.signature.parameters.len();
         let num_outputs = self.signature.results.len();
