@@ -44,7 +44,7 @@ fn one_group(n: usize) -> String {
 }
 
 /// A dimension within `rank`, or why not.
-fn check_dim(what: &str, dim: usize, rank: usize) -> std::result::Result<(), String> {
+pub(crate) fn check_dim(what: &str, dim: usize, rank: usize) -> std::result::Result<(), String> {
     if dim < rank {
         Ok(())
     } else {
@@ -60,7 +60,7 @@ fn with_dim(dims: &[usize], dim: usize, size: usize) -> Vec<usize> {
 }
 
 /// A block of `n` equal parts along `dim`, or why `dims` does not split so.
-fn split(dims: &[usize], dim: usize, n: usize) -> std::result::Result<usize, String> {
+pub(crate) fn split(dims: &[usize], dim: usize, n: usize) -> std::result::Result<usize, String> {
     if dims[dim] % n != 0 {
         return Err(format!(
             "dim {dim} of size {} does not split into {n} equal blocks",

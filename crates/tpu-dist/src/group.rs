@@ -169,11 +169,7 @@ impl DeviceGroup {
     pub(crate) fn invalid(&self, op: &str, xs: &[Tensor], reason: String) -> Error {
         Error::InvalidInput {
             op: op.to_string(),
-            inputs: xs
-                .iter()
-                .map(|x| format!("{} on {}", x.ty(), x.device()))
-                .collect::<Vec<_>>()
-                .join(", "),
+            inputs: describe(xs),
             device: self.name(),
             reason,
         }
@@ -184,4 +180,12 @@ impl DeviceGroup {
         let list: Vec<String> = self.devices.iter().map(ToString::to_string).collect();
         format!("tpu:{{{}}}", list.join(", "))
     }
+}
+
+/// Tensors as errors name them: `f32[2, 3] on tpu:0, f32[2, 3] on tpu:1`.
+pub(crate) fn describe(xs: &[Tensor]) -> String {
+    xs.iter()
+        .map(|x| format!("{} on {}", x.ty(), x.device()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

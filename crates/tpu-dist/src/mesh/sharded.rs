@@ -4,6 +4,7 @@ use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, HostBuffer, HostTensor, Result, Runtime, Tensor, TensorValue};
 
 use super::{Mesh, ShardingSpec};
+use crate::group::describe;
 
 /// A tensor of a global type laid out over a [`Mesh`] by a
 /// [`ShardingSpec`]: shard `p` is partition `p`'s block, on device
@@ -108,11 +109,7 @@ impl ShardedTensor {
     ) -> Result<ShardedTensor> {
         let invalid = |reason: String| Error::InvalidInput {
             op: "from_shards".into(),
-            inputs: shards
-                .iter()
-                .map(|s| format!("{} on {}", s.ty(), s.device()))
-                .collect::<Vec<_>>()
-                .join(", "),
+            inputs: describe(&shards),
             device: mesh.to_string(),
             reason,
         };

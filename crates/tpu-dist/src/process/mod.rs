@@ -19,6 +19,7 @@ use tpu_core::pjrt::KeyValueStoreHandle;
 use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Result, Runtime, Shape, Tensor};
 
 use crate::ReduceOp;
+use crate::collective::{check_dim, flush_pending, split};
 use crate::env::JobOptions;
 use crate::gloo::Gloo;
 use crate::layout;
@@ -218,12 +219,7 @@ impl ProcessGroup {
     pub fn all_gather_host(&self, x: HostBuffer, dim: usize) -> Result<HostBuffer> {
         let sig = Signature::new(Kind::AllGather { dim }, &x);
         let dims = x.shape().dims().to_vec();
-        if dim >= dims.len() {
-            return Err(self.invalid(
-                &sig,
-                format!("dim {dim} is out of range for rank {}", dims.len()),
-            ));
-        }
+        check_dim("dim", dim, dims.len()).map_err(|reason| self.invalid(&sig, reason))?;
         let n = self.world_size();
         let mut gathered = vec![0; x.bytes().len() * n];
         self.run(&sig, |gloo, tag, timeout| {
@@ -316,15 +312,8 @@ impl ProcessGroup {
         let dims = x.shape().dims().to_vec();
         let n = self.world_size();
         self.check_split(&sig, &dims, split_dim)?;
-        if concat_dim >= dims.len() {
-            return Err(self.invalid(
-                &sig,
-                format!(
-                    "concat_dim {concat_dim} is out of range for rank {}",
-                    dims.len()
-                ),
-            ));
-        }
+        check_dim("concat_dim", concat_dim, dims.len())
+            .map_err(|reason| self.invalid(&sig, reason))?;
         let elem = x.dtype().size_in_bytes();
         let blocks = layout::split(x.bytes(), &dims, split_dim, n, elem);
         let mut received = vec![0; blocks.len()];
@@ -517,24 +506,12 @@ impl ProcessGroup {
         }
     }
 
+    /// An error unless `dims` splits along `dim` into one block per rank.
     fn check_split(&self, sig: &Signature, dims: &[usize], dim: usize) -> Result<()> {
-        let n = self.world_size();
-        if dim >= dims.len() {
-            return Err(self.invalid(
-                sig,
-                format!("dim {dim} is out of range for rank {}", dims.len()),
-            ));
-        }
-        if dims[dim] % n != 0 {
-            return Err(self.invalid(
-                sig,
-                format!(
-                    "dim {dim} of size {} does not split into {n} equal blocks",
-                    dims[dim]
-                ),
-            ));
-        }
-        Ok(())
+        check_dim("dim", dim, dims.len())
+            .and_then(|()| split(dims, dim, self.world_size()))
+            .map(drop)
+            .map_err(|reason| self.invalid(sig, reason))
     }
 
     fn check_peer(&self, sig: &Signature, peer: usize) -> Result<()> {
@@ -553,7 +530,7 @@ impl ProcessGroup {
 
 /// `x`'s bytes in host memory.
 fn download(x: &Tensor) -> Result<HostBuffer> {
-    crate::collective::flush_pending(std::slice::from_ref(x))?;
+    flush_pending(std::slice::from_ref(x))?;
     match x.device() {
         Device::Cpu => Ok(x.to_host()?.to_buffer()),
         Device::Tpu(_) => HostBuffer::download(&*x.buffer()?),

@@ -40,10 +40,9 @@ impl DeferAndFuse {
                 continue;
             }
             let graphs: Vec<&Graph> = call.devices.iter().map(|d| &devices[d].graph).collect();
-            let Some(plan) = joint_plan(&graphs, &srcs) else {
+            let Some((plan, needed)) = joint_plan(&graphs, &srcs) else {
                 return Ok(None);
             };
-            let (_, needed) = graphs[0].live(Some(srcs[0]));
             let tail = Tail {
                 input: srcs[0],
                 lower: call.lower,
@@ -91,9 +90,10 @@ impl DeferAndFuse {
 }
 
 /// The one plan every member's graph shares with the collective's input
-/// `srcs` appended, or `None` when they differ (or nothing is pending).
-/// Donations count only where every member can donate alike.
-fn joint_plan(graphs: &[&Graph], srcs: &[Src]) -> Option<Plan> {
+/// `srcs` appended, and the nodes it needs; `None` when the members differ
+/// (or nothing is pending). Donations count only where every member can
+/// donate alike.
+fn joint_plan(graphs: &[&Graph], srcs: &[Src]) -> Option<(Plan, Vec<bool>)> {
     let first = graphs[0];
     if first.is_empty() {
         return None;
@@ -107,29 +107,27 @@ fn joint_plan(graphs: &[&Graph], srcs: &[Src]) -> Option<Plan> {
     if !same {
         return None;
     }
-    let plans: Vec<Plan> = graphs
-        .iter()
-        .map(|g| {
-            let (results, needed) = g.live(Some(srcs[0]));
-            let mut p = plan(g, results, &needed);
-            if let Src::External(i) = srcs[0]
-                && !p.params.contains(&i)
-            {
-                p.params.push(i);
-                p.donations.push(None);
-            }
-            p
-        })
-        .collect();
-    let mut joint = plans[0].clone();
-    if plans
-        .iter()
-        .any(|p| p.params != joint.params || p.results != joint.results)
-    {
-        return None;
+    let mut plans = graphs.iter().map(|g| {
+        let (results, needed) = g.live(Some(srcs[0]));
+        let mut p = plan(g, results, &needed);
+        if let Src::External(i) = srcs[0]
+            && !p.params.contains(&i)
+        {
+            p.params.push(i);
+            p.donations.push(None);
+        }
+        (p, needed)
+    });
+    let (mut joint, needed) = plans.next()?;
+    let mut donations_agree = true;
+    for (p, _) in plans {
+        if p.params != joint.params || p.results != joint.results {
+            return None;
+        }
+        donations_agree &= p.donations == joint.donations;
     }
-    if plans.iter().any(|p| p.donations != joint.donations) {
+    if !donations_agree {
         joint.donations = vec![None; joint.params.len()];
     }
-    Some(joint)
+    Some((joint, needed))
 }
