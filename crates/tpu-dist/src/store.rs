@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -133,6 +133,35 @@ impl Store {
                 address: self.address.clone(),
                 reason: format!("cannot read the local address: {e}"),
             })?;
+        Ok(local.ip().to_string())
+    }
+
+    /// The IP address through which this host reaches `host`: what a
+    /// store served here should be advertised as to processes there. No
+    /// packet is sent (a UDP socket only picks its route).
+    pub fn local_ip_towards(host: &str) -> Result<String> {
+        let fail = |reason: String| Error::Rendezvous {
+            address: host.to_string(),
+            reason,
+        };
+        let target = (host, 9)
+            .to_socket_addrs()
+            .map_err(|e| fail(format!("cannot resolve the host: {e}")))?
+            .next()
+            .ok_or_else(|| fail("the host resolves to no address".into()))?;
+        let any = if target.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        };
+        let socket =
+            UdpSocket::bind(any).map_err(|e| fail(format!("cannot open a socket: {e}")))?;
+        socket
+            .connect(target)
+            .map_err(|e| fail(format!("no route to the host: {e}")))?;
+        let local = socket
+            .local_addr()
+            .map_err(|e| fail(format!("cannot read the local address: {e}")))?;
         Ok(local.ip().to_string())
     }
 

@@ -103,6 +103,11 @@ fn every_collective_on_3_processes() {
 }
 
 #[test]
+fn a_group_meets_in_a_store_of_its_own() {
+    run("own_store", 3);
+}
+
+#[test]
 fn devices_of_2_processes_reduce_in_graph_then_across() {
     run("world", 2);
 }
@@ -182,6 +187,7 @@ fn worker() {
     match scenario.as_str() {
         "collectives" => collectives(&ProcessGroup::from_env().unwrap()),
         "world" => world(),
+        "own_store" => own_store(),
         "killed" => killed(),
         "stuck" => stuck(),
         "mismatch" => mismatch(),
@@ -382,6 +388,7 @@ fn collectives(pg: &ProcessGroup) {
         })
         .collect();
     assert_eq!(got, want, "all_to_all");
+    all_to_all_with_splits(pg);
 
     // A ring of sends: each rank sends to the next and receives from the
     // previous.
@@ -416,6 +423,67 @@ fn collectives(pg: &ProcessGroup) {
     }
     let err = pg.send_host(&payload, rank).unwrap_err();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    pg.barrier().unwrap();
+}
+
+/// Rank `r` sends `(r + j) % 3` rows of 2 to rank `j`: some blocks are
+/// empty, no two ranks send alike.
+fn all_to_all_with_splits(pg: &ProcessGroup) {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let splits = |r: usize| (0..n).map(|j| (r + j) % 3).collect::<Vec<_>>();
+    let rows: usize = splits(rank).iter().sum();
+    let x = host(DType::I32, &[rows, 2], |i| value(rank, i));
+    let output_splits: Vec<usize> = (0..n).map(|j| splits(j)[rank]).collect();
+    let got = pg
+        .all_to_all_v_host(x.clone(), &splits(rank), &output_splits)
+        .unwrap();
+    assert_eq!(got.shape().dims(), [output_splits.iter().sum(), 2]);
+    let want: Vec<f64> = (0..n)
+        .flat_map(|src| {
+            let first: usize = splits(src)[..rank].iter().sum();
+            (first * 2..(first + splits(src)[rank]) * 2).map(move |i| value(src, i))
+        })
+        .collect();
+    assert_eq!(f64s(&got), want, "all_to_all with splits");
+
+    // Rank 0 expects a row more from the last rank than it is sent: every
+    // rank learns of it alike, and the group stays usable.
+    if n > 1 {
+        let mut expected = output_splits.clone();
+        if rank == 0 {
+            expected[n - 1] += 1;
+        }
+        let err = pg
+            .all_to_all_v_host(x.clone(), &splits(rank), &expected)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains("rank 0 expects"), "{err}");
+    }
+    let err = pg.all_to_all_v_host(x, &[rows], &[rows]).err();
+    assert_eq!(n == 1, err.is_none(), "{err:?}");
+    pg.barrier().unwrap();
+}
+
+/// A group meeting in a store served for it alone, as the PyTorch backend
+/// makes it: rank 0 serves on `MASTER_PORT`, which the parent chose.
+fn own_store() {
+    let options = tpu_dist::JobOptions::from_env().unwrap();
+    let address = format!("127.0.0.1:{}", options.master_port);
+    let store = if options.rank == 0 {
+        tpu_dist::Store::serve(&format!("0.0.0.0:{}", options.master_port), options.timeout)
+    } else {
+        tpu_dist::Store::connect(&address, options.timeout)
+    }
+    .unwrap();
+    assert_eq!(
+        tpu_dist::Store::local_ip_towards("127.0.0.1").unwrap(),
+        "127.0.0.1"
+    );
+    let pg = ProcessGroup::with_store(&options, store).unwrap();
+    let x = HostBuffer::from_slice(&[pg.rank() as f32 + 1.0; 3], vec![3]).unwrap();
+    let sum = pg.all_reduce_host(x, ReduceOp::Sum).unwrap();
+    let n = pg.world_size() as f32;
+    assert_eq!(sum.to_vec::<f32>().unwrap(), [n * (n + 1.0) / 2.0; 3]);
     pg.barrier().unwrap();
 }
 

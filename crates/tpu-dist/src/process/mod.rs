@@ -11,7 +11,7 @@ mod progress;
 mod signature;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,10 @@ use signature::{Kind, Signature};
 /// Groups created by this process so far: each meets under its own store
 /// prefix, so every rank must create its groups in the same order.
 static GROUPS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the runtime has been offered a group's store for PJRT's own
+/// key-value traffic.
+static KEYS_GIVEN: AtomicBool = AtomicBool::new(false);
 
 /// The Gloo tag of the barrier that ends joining; collectives use tags
 /// from 0 up.
@@ -73,16 +77,31 @@ impl ProcessGroup {
 
     /// Joins the job `options` describe; returns once every rank has.
     pub fn new(options: &JobOptions) -> Result<ProcessGroup> {
-        let timeout = options.timeout;
         let store = if options.rank == 0 {
-            Store::serve(&format!("0.0.0.0:{}", options.master_port), timeout)?
+            Store::serve(&format!("0.0.0.0:{}", options.master_port), options.timeout)?
         } else {
-            Store::connect(&options.store_address(), timeout)?
+            Store::connect(&options.store_address(), options.timeout)?
         };
+        // Groups of one job share its store: each meets under a prefix of
+        // its own.
         let generation = GROUPS.fetch_add(1, Ordering::Relaxed);
-        if generation == 0 {
+        ProcessGroup::join(options, store, format!("tpu_dist/{generation}/"))
+    }
+
+    /// Joins a group whose ranks meet in `store`, served by the group's
+    /// rank 0 for this group alone (found another way, as PyTorch's
+    /// backend finds it through torch's store); `options.master_addr` is
+    /// the host rank 0 listens on, `options.master_port` is not used.
+    /// Returns once every rank has joined.
+    pub fn with_store(options: &JobOptions, store: Store) -> Result<ProcessGroup> {
+        ProcessGroup::join(options, store, "tpu_dist/".to_string())
+    }
+
+    fn join(options: &JobOptions, store: Store, prefix: String) -> Result<ProcessGroup> {
+        let timeout = options.timeout;
+        if !KEYS_GIVEN.swap(true, Ordering::Relaxed) {
             // Plugins that run multi-host collectives themselves (libtpu on
-            // a pod slice) meet through the same store.
+            // a pod slice) meet through the first group's store.
             let keys = KeyValueStoreHandle(Arc::new(PjrtKeys(store.reconnect()?)));
             if !Runtime::set_key_value_store(keys) {
                 tracing::debug!(
@@ -90,7 +109,6 @@ impl ProcessGroup {
                 );
             }
         }
-        let prefix = format!("tpu_dist/{generation}/");
         let progress = Progress::start(store.reconnect()?, &prefix, options.rank)?;
         let hostname = if options.rank == 0 {
             options.master_addr.clone()
@@ -326,6 +344,105 @@ impl ProcessGroup {
         out_dims[concat_dim] *= n;
         let bytes = layout::concat(&received, &block_dims, concat_dim, n, elem);
         HostBuffer::from_bytes(bytes, x.dtype(), out_dims)
+    }
+
+    /// All-to-all with blocks of any size along dimension 0: this rank
+    /// sends its next `input_splits[j]` rows to rank `j` and receives
+    /// `output_splits[j]` rows from rank `j`, concatenated in rank order
+    /// (what `torch.distributed.all_to_all_single` does with splits).
+    pub fn all_to_all_v(
+        &self,
+        x: &Tensor,
+        input_splits: &[usize],
+        output_splits: &[usize],
+    ) -> Result<Tensor> {
+        on_host(x, |b| {
+            self.all_to_all_v_host(b, input_splits, output_splits)
+        })
+    }
+
+    /// [`ProcessGroup::all_to_all_v`] on host memory. Every rank first
+    /// learns every rank's splits, so a rank that expects other sizes than
+    /// its peers send fails on every rank alike; then blocks padded to the
+    /// largest move in one equal all-to-all.
+    pub fn all_to_all_v_host(
+        &self,
+        x: HostBuffer,
+        input_splits: &[usize],
+        output_splits: &[usize],
+    ) -> Result<HostBuffer> {
+        let n = self.world_size();
+        let dims = x.shape().dims().to_vec();
+        let sig = Signature::new(Kind::AllToAllSizes, &x);
+        let rows_sent: usize = input_splits.iter().sum();
+        let invalid = if dims.is_empty() {
+            Some("a 0-d tensor has no rows to split".to_string())
+        } else if input_splits.len() != n || output_splits.len() != n {
+            Some(format!(
+                "{} input and {} output splits for a group of {n}",
+                input_splits.len(),
+                output_splits.len()
+            ))
+        } else if rows_sent != dims[0] {
+            Some(format!(
+                "the input splits {input_splits:?} add up to {rows_sent} rows, the input has {}",
+                dims[0]
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = invalid {
+            return Err(self.invalid(&sig, reason));
+        }
+        let mine: Vec<u8> = input_splits
+            .iter()
+            .chain(output_splits)
+            .flat_map(|&s| (s as u64).to_le_bytes())
+            .collect();
+        let mut all = vec![0; mine.len() * n];
+        let sizes = Signature::of(Kind::AllToAllSizes, DType::I64, &[2 * n]);
+        self.run(&sizes, |gloo, tag, timeout| {
+            gloo.all_gather(&mine, &mut all, tag, timeout)
+        })?;
+        let split = |rank: usize, i: usize| {
+            let at = (rank * 2 * n + i) * 8;
+            u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")) as usize
+        };
+        for (r, j) in (0..n).flat_map(|r| (0..n).map(move |j| (r, j))) {
+            let (expected, sent) = (split(r, n + j), split(j, r));
+            if expected != sent {
+                return Err(self.invalid(
+                    &sig,
+                    format!(
+                        "rank {r} expects {expected} rows from rank {j}, which sends it {sent}"
+                    ),
+                ));
+            }
+        }
+        let block = (0..n)
+            .flat_map(|r| (0..n).map(move |j| (r, j)))
+            .map(|(r, j)| split(r, j))
+            .max()
+            .unwrap_or(0);
+        let row = dims[1..].iter().product::<usize>() * x.dtype().size_in_bytes();
+        let mut padded = vec![0; n * block * row];
+        let mut at = 0;
+        for (j, &rows) in input_splits.iter().enumerate() {
+            let len = rows * row;
+            padded[j * block * row..][..len].copy_from_slice(&x.bytes()[at..at + len]);
+            at += len;
+        }
+        let mut padded_dims = dims.clone();
+        padded_dims[0] = n * block;
+        let padded = HostBuffer::from_bytes(padded, x.dtype(), padded_dims)?;
+        let received = self.all_to_all_host(padded, 0, 0)?;
+        let mut out = Vec::with_capacity(output_splits.iter().sum::<usize>() * row);
+        for (j, &rows) in output_splits.iter().enumerate() {
+            out.extend_from_slice(&received.bytes()[j * block * row..][..rows * row]);
+        }
+        let mut out_dims = dims;
+        out_dims[0] = output_splits.iter().sum();
+        HostBuffer::from_bytes(out, x.dtype(), out_dims)
     }
 
     /// Sends `x` to rank `peer`, which must [`ProcessGroup::recv`] it.

@@ -17,10 +17,22 @@ const DIMS: usize = 5;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     AllReduce(ReduceOp),
-    AllGather { dim: usize },
-    ReduceScatter { op: ReduceOp, dim: usize },
-    Broadcast { root: usize },
-    AllToAll { split_dim: usize, concat_dim: usize },
+    AllGather {
+        dim: usize,
+    },
+    ReduceScatter {
+        op: ReduceOp,
+        dim: usize,
+    },
+    Broadcast {
+        root: usize,
+    },
+    AllToAll {
+        split_dim: usize,
+        concat_dim: usize,
+    },
+    /// The split sizes of an all-to-all with uneven blocks.
+    AllToAllSizes,
     SendRecv,
     Barrier,
 }
@@ -63,7 +75,7 @@ impl Signature {
             Kind::AllGather { .. } => "all_gather",
             Kind::ReduceScatter { .. } => "reduce_scatter",
             Kind::Broadcast { .. } => "broadcast",
-            Kind::AllToAll { .. } => "all_to_all",
+            Kind::AllToAll { .. } | Kind::AllToAllSizes => "all_to_all",
             Kind::SendRecv => "send/recv",
             Kind::Barrier => "barrier",
         }
@@ -89,6 +101,7 @@ impl Signature {
             } => (5, 0, split_dim, concat_dim),
             Kind::SendRecv => (6, 0, 0, 0),
             Kind::Barrier => (7, 0, 0, 0),
+            Kind::AllToAllSizes => (8, 0, 0, 0),
         };
         out[0] = code;
         out[1] = op;
@@ -150,6 +163,7 @@ pub(crate) fn describe(bytes: &[u8]) -> String {
         5 => format!("all_to_all(split {a}, concat {b})"),
         6 => "send/recv".to_string(),
         7 => return "barrier".to_string(),
+        8 => "all_to_all(split sizes)".to_string(),
         other => format!("an unknown collective ({other})"),
     };
     let dtype = DType::ALL
