@@ -74,7 +74,8 @@ pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
     )?)
 }
 
-fn is_number(v: &Bound<'_, PyAny>) -> bool {
+/// Whether `v` is a Python number (bool, int or float).
+pub fn is_number(v: &Bound<'_, PyAny>) -> bool {
     v.is_instance_of::<PyBool>() || v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>()
 }
 
@@ -91,7 +92,7 @@ pub enum Inputs<'a> {
 
 /// A Python number or CPU tensor as a tpu-rs value on `device`; `dtype`
 /// types Python numbers (else float32, int64 or bool by their kind).
-fn host_value(
+pub fn host_value(
     v: &Bound<'_, PyAny>,
     dtype: Option<DType>,
     device: usize,

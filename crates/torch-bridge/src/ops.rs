@@ -3,11 +3,11 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use tpu_core::Tensor;
 use tpu_core::autograd::GradTape;
+use tpu_core::{Device, Tensor};
 use tpu_ops::registry;
 
-use crate::args::{Inputs, attrs, tensors};
+use crate::args::{Inputs, attrs, host_value, is_number, tensors};
 use crate::error::{BridgeError, Result};
 use crate::kernels::{broadcast, call, cast};
 use crate::storage::write;
@@ -80,7 +80,7 @@ pub fn run_into<'py>(
 }
 
 /// Writes `value` into tpu tensor `dst` with copy semantics.
-fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
+pub(crate) fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
     let view = View::of(dst)?
         .ok_or_else(|| BridgeError::internal("an out tensor is not on the tpu device"))?;
     let storage = view.storage.get();
@@ -88,17 +88,32 @@ fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
     write(storage, &view.layout, value)
 }
 
-/// `dst.copy_(src)`: `src` is a tpu or CPU tensor (or number), cast to
-/// `dst`'s dtype and broadcast to its shape.
+/// `dst.copy_(src)`: `src` is a tpu tensor on any device, a CPU tensor or
+/// a number, cast to `dst`'s dtype and broadcast to its shape.
 #[pyfunction]
 pub fn copy_into(dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
-    let dtype = dtype_of(&dst.getattr("dtype")?)?;
-    let (xs, _) = tensors(std::slice::from_ref(src), Some(dtype), 0, Inputs::Copy)?;
-    let value = xs
-        .into_iter()
-        .next()
-        .ok_or_else(|| BridgeError::internal("copy without a source"))?;
+    let view = View::of(dst)?
+        .ok_or_else(|| BridgeError::internal("a copy's destination is not on the tpu device"))?;
+    let device = view.storage.get().device();
+    let source = if is_number(src) { None } else { View::of(src)? };
+    let value = match source {
+        Some(source) => on_device(source.read()?, device)?,
+        None => {
+            let dtype = dtype_of(&dst.getattr("dtype")?)?;
+            host_value(src, Some(dtype), device, Inputs::Copy)?
+        }
+    };
     Ok(store(dst, value)?)
+}
+
+/// `value` on `tpu:device`, copied there from another device if need be.
+fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
+    if value.device() == Device::Tpu(device) {
+        return Ok(value);
+    }
+    Ok(Tensor::from_buffer(
+        value.elements()?.copy_to_device(device)?,
+    ))
 }
 
 /// A CPU copy of tpu tensor `t` (contiguous).

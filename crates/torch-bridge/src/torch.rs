@@ -32,6 +32,8 @@ const DTYPES: [(&str, DType); 11] = [
 /// Python objects the bridge uses on every op, looked up once.
 struct Api {
     create_empty: Py<PyAny>,
+    /// `torch_tpu_rs._devices.empty_tensor`: `create_empty` for `tpu:n`.
+    create_empty_on: Py<PyAny>,
     construct_storage: Py<PyAny>,
     /// `aten::set_.source_Storage_storage_offset`'s redispatch, and the CPU
     /// key set it runs under: the CPU kernel binds a storage to a tensor
@@ -61,6 +63,10 @@ fn api(py: Python<'_>) -> PyResult<&'static Api> {
             .collect::<PyResult<Vec<_>>>()?;
         Ok(Api {
             create_empty: c.getattr("_acc")?.getattr("create_empty_tensor")?.unbind(),
+            create_empty_on: py
+                .import("torch_tpu_rs._devices")?
+                .getattr("empty_tensor")?
+                .unbind(),
             construct_storage: c.getattr("_construct_storage_from_data_pointer")?.unbind(),
             set_storage: torch
                 .getattr("ops")?
@@ -163,11 +169,6 @@ pub fn empty<'py>(
         }
         .into());
     }
-    if device != 0 {
-        return Err(BridgeError::Unsupported(format!(
-            "tpu:{device}: the PyTorch bridge drives tpu:0 only (the plugin has {count} devices)"
-        )));
-    }
     tensor_over(
         py,
         size,
@@ -192,7 +193,10 @@ fn tensor_over<'py>(
         storage.nbytes(),
     ))?;
     let dtype = torch_dtype(py, storage.dtype())?;
-    let t = api.create_empty.bind(py).call1((EMPTY, dtype))?;
+    let t = match storage.device() {
+        0 => api.create_empty.bind(py).call1((EMPTY, dtype))?,
+        n => api.create_empty_on.bind(py).call1((n, dtype))?,
+    };
     let stride = crate::storage::contiguous_strides(size);
     api.set_storage.bind(py).call1((
         api.cpu_keys.bind(py),
@@ -210,9 +214,8 @@ fn tensor_over<'py>(
 /// is bound.
 const EMPTY: [usize; 1] = [0];
 
-/// The elements of a contiguous CPU torch tensor, as a tpu-rs value on
-/// device `device`.
-pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
+/// The elements of a CPU torch tensor (any layout), in host memory.
+pub fn host_buffer(t: &Bound<'_, PyAny>) -> Result<HostBuffer> {
     let py = t.py();
     let dtype = dtype_of(&t.getattr(intern!(py, "dtype"))?)?;
     let size: Vec<usize> = t.getattr(intern!(py, "shape"))?.extract()?;
@@ -228,17 +231,29 @@ pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
         .map_err(PyErr::from)?
         .as_bytes()
         .to_vec();
+    Ok(HostBuffer::from_bytes(bytes, dtype, size)?)
+}
+
+/// The elements of a CPU torch tensor, as a tpu-rs value on device
+/// `device`.
+pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
     let runtime = Runtime::global()?;
-    let buffer = HostBuffer::from_bytes(bytes, dtype, size)?.upload(runtime.client(), device)?;
+    let buffer = host_buffer(t)?.upload(runtime.client(), device)?;
     Ok(Tensor::from_buffer(buffer))
 }
 
 /// A CPU torch tensor with `value`'s elements.
 pub fn download<'py>(py: Python<'py>, value: &Tensor) -> Result<Bound<'py, PyAny>> {
-    let host = HostBuffer::download(&*value.elements()?)?;
+    // The buffer may be shared with a reshape of it: the value's shape rules.
+    let host = HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?;
+    cpu_tensor(py, &host)
+}
+
+/// A CPU torch tensor holding a copy of `host`.
+pub fn cpu_tensor<'py>(py: Python<'py>, host: &HostBuffer) -> Result<Bound<'py, PyAny>> {
     let api = api(py)?;
-    let size = PyList::new(py, value.shape().dims())?;
-    let dtype = torch_dtype(py, value.dtype())?;
+    let size = PyList::new(py, host.shape().dims())?;
+    let dtype = torch_dtype(py, host.dtype())?;
     if host.bytes().is_empty() {
         let torch = py.import("torch")?;
         let kwargs = [("dtype", dtype)].into_py_dict(py)?;

@@ -2,13 +2,18 @@
 
 import contextlib
 import enum
+import functools
+import threading
 from dataclasses import dataclass
+
+import torch
 
 from . import _C
 
 __all__ = [
     "EagerMode",
     "current_device",
+    "device",
     "device_count",
     "eager_mode",
     "get_device_name",
@@ -59,14 +64,80 @@ def device_count():
     return _C.device_count()
 
 
+# The device `tpu` without an index means, per thread as in torch.cuda.
+_current = threading.local()
+
+
 def current_device():
-    return 0
+    """The index of the device ``tpu`` (no index) means in this thread."""
+    return getattr(_current, "index", 0)
+
+
+def _set_current(index):
+    _current.index = index
+    if index != 0:
+        _resolve_tpu_in_to()
+
+
+def _resolve(device):
+    if (isinstance(device, str) and device == "tpu") or (isinstance(device, torch.device) and device.type == "tpu" and device.index is None):
+        return torch.device("tpu", current_device())
+    return device
+
+
+@functools.cache
+def _resolve_tpu_in_to():
+    """``Tensor.to("tpu")`` names the device ``tpu`` before any tpu kernel
+    sees it, through torch's device guard, which for a Python backend
+    always answers device 0. Once another device is current, ``to`` is
+    wrapped to name it instead (as ``torch.device("tpu")`` in a factory
+    and ``Tensor.tpu()`` already do)."""
+    original = torch.Tensor.to
+
+    @functools.wraps(original)
+    def to(self, *args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _resolve(kwargs["device"])
+        return original(self, *(_resolve(a) for a in args), **kwargs)
+
+    torch.Tensor.to = to
 
 
 def set_device(device):
-    index = device.index if hasattr(device, "index") else int(device)
-    if index not in (None, 0):
-        raise ValueError(f"tpu:{index}: the PyTorch bridge drives tpu:0 only")
+    """Makes ``tpu`` (no index) mean ``tpu:device`` in this thread.
+
+    Ops, copies and collectives run on any device; autograd's backward
+    runs on ``tpu:0`` only, as torch's engine keeps one queue per device
+    that the device guard of a Python backend reports, and that guard
+    reports one."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    index = device.index if isinstance(device, torch.device) else int(device)
+    if index is None:
+        return
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(
+            f"tpu:{index}: invalid device ordinal; the plugin has {count} device(s)"
+            " (TPU_RS_CPU_DEVICES sets how many the XLA CPU plugin makes)"
+        )
+    _set_current(index)
+
+
+class device(contextlib.ContextDecorator):
+    """Within it, ``tpu`` means ``tpu:index`` (as ``torch.cuda.device``)."""
+
+    def __init__(self, index):
+        self._index = _index(index)
+
+    def __enter__(self):
+        self._previous = current_device()
+        set_device(self._index)
+        return self
+
+    def __exit__(self, *exc):
+        set_device(self._previous)
+        return False
 
 
 def synchronize(device=None):
@@ -95,8 +166,6 @@ def initial_seed():
 
 def get_rng_state(device="tpu"):
     """The generator's state (seed, keys drawn) as an int64 CPU tensor."""
-    import torch
-
     seed, counter = _C.rng_state()
     as_signed = lambda v: v - (1 << 64) if v >= 1 << 63 else v
     return torch.tensor([as_signed(seed), as_signed(counter)], dtype=torch.int64)
@@ -191,8 +260,6 @@ def set_eager_mode(mode):
 
 # Autocast: the dtypes torch.amp.autocast("tpu") accepts.
 def get_amp_supported_dtype():
-    import torch
-
     return [torch.bfloat16, torch.float16]
 
 
@@ -201,12 +268,12 @@ def is_bf16_supported(including_emulation=True):
 
 
 def _index(device):
-    if device is None:
-        return 0
+    """The index of ``device`` (an int, ``"tpu:n"``, a ``torch.device``);
+    the current device when it names none."""
     if isinstance(device, int):
         return device
+    if isinstance(device, str):
+        device = torch.device(device)
     index = getattr(device, "index", None)
-    if index is None and isinstance(device, str):
-        _, _, tail = device.partition(":")
-        index = int(tail) if tail else 0
-    return index or 0
+    return current_device() if index is None else index
+

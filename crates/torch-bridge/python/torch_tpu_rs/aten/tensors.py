@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .. import _C
+from .. import _C, tpu
 from .registry import aten, raw, rebind, view
 
 view(
@@ -37,7 +37,7 @@ def _dtype(dtype):
 
 def _index(device):
     index = None if device is None else torch.device(device).index
-    return 0 if index is None else index
+    return tpu.current_device() if index is None else index
 
 
 @raw("empty.memory_format")
