@@ -8,14 +8,23 @@
    time to issue a step (trace) and to finish it (execute), and the first
    step's time (compiles, or loads from the on-disk cache when a previous
    run left them there).
+3. Distributed, on localhost: ``all_reduce`` latency and bus bandwidth of
+   ``tpu_dist`` on tpu tensors against Gloo on CPU tensors of the same
+   sizes, in the same processes; a DDP step (an MLP, global batch 256) on
+   1 and 2 ranks, on tpu (tpu_dist) and on the CPU (Gloo).
 
-    python crates/torch-bridge/benches/bench.py [--steps N]
+    python crates/torch-bridge/benches/bench.py [--steps N] [--skip-gpt2]
 """
 
 import argparse
 import copy
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import transformers
@@ -119,14 +128,55 @@ def gpt2_step(steps):
     print(f"defer_and_fuse vs strict: {strict / fused:.2f}x")
 
 
+def launch(world, steps):
+    """Runs ``dist_bench.py`` on ``world`` local ranks; rank 0's lines."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker = Path(__file__).with_name("dist_bench.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(steps)],
+            env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+            stdout=subprocess.PIPE, text=True,
+        )
+        for r in range(world)
+    ]
+    outputs = [p.communicate(timeout=1200)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"the distributed benchmark failed: exit codes {[p.returncode for p in procs]}")
+    return [line.split("\t") for line in outputs[0].splitlines() if "\t" in line]
+
+
+def distributed(steps):
+    two, one = launch(2, steps), launch(1, steps)
+    print("\nall_reduce on 2 local ranks (float32; median of 5 samples; the slowest rank's time)")
+    print(f"{'bytes':>10}{'gloo cpu µs':>13}{'tpu_dist µs':>13}{'gloo GB/s':>11}{'tpu_dist GB/s':>15}{'tpu_dist/gloo time':>20}")
+    for _, size, cpu_t, cpu_bw, tpu_t, tpu_bw in (r for r in two if r[0] == "all_reduce"):
+        cpu_t, tpu_t = float(cpu_t), float(tpu_t)
+        print(f"{size:>10}{cpu_t * 1e6:>13.1f}{tpu_t * 1e6:>13.1f}{float(cpu_bw) / 1e9:>11.2f}"
+              f"{float(tpu_bw) / 1e9:>15.2f}{tpu_t / cpu_t:>20.2f}")
+    ddp = {(r[1], int(r[2])): float(r[3]) for r in one + two if r[0] == "ddp"}
+    print(f"\nDDP step (MLP 4 x 512, AdamW, global batch 256; median of 5 x {steps} steps)")
+    print(f"{'':<22}{'1 rank ms':>11}{'2 ranks ms':>12}{'2 ranks / 1 rank time':>23}")
+    for device, name in (("cpu", "cpu (gloo)"), ("tpu", "tpu (tpu_dist)")):
+        a, b = ddp[(device, 1)], ddp[(device, 2)]
+        print(f"{name:<22}{a * 1e3:>11.1f}{b * 1e3:>12.1f}{b / a:>23.2f}")
+    print(f"tpu_dist on tpu vs gloo on cpu, 2 ranks: {ddp[('cpu', 2)] / ddp[('tpu', 2)]:.2f}x speed")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps per sample")
     parser.add_argument("--repeats", type=int, default=200, help="op calls per sample")
+    parser.add_argument("--skip-gpt2", action="store_true", help="only the distributed benchmarks")
     args = parser.parse_args()
     print(torch.tpu.get_device_properties(0).description)
-    per_op(args.repeats)
-    gpt2_step(args.steps)
+    if not args.skip_gpt2:
+        per_op(args.repeats)
+        gpt2_step(args.steps)
+    distributed(args.steps)
 
 
 if __name__ == "__main__":

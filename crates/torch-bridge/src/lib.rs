@@ -10,6 +10,7 @@
 mod address;
 mod args;
 mod device;
+mod dist;
 mod error;
 mod kernels;
 mod ops;
@@ -49,6 +50,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tpu_eager::link();
     m.add("TpuError", m.py().get_type::<TpuError>())?;
     m.add_class::<Storage>()?;
+    m.add_class::<dist::DistStore>()?;
+    m.add_class::<dist::DistGroup>()?;
+    m.add_function(wrap_pyfunction!(dist::local_ip_towards, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(op_names, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run, m)?)?;

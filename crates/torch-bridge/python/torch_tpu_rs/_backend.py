@@ -70,3 +70,8 @@ def register():
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
     torch.nn.Parameter.__deepcopy__ = _deepcopy(torch.nn.Parameter.__deepcopy__)
     from . import aten  # noqa: F401  (registers the kernels)
+
+    if torch.distributed.is_available():
+        from . import _dist
+
+        _dist.register()

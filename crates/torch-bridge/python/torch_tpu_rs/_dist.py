@@ -1,0 +1,227 @@
+"""``tpu_dist``: the ``torch.distributed`` backend for ``tpu`` tensors.
+
+``init_process_group("tpu_dist")`` (or ``"cpu:gloo,tpu:tpu_dist"``) under
+torchrun makes a tpu-dist process group: the ranks meet in a store of its
+own, served by rank 0 and found through torch's store, and every collective
+crosses processes over Gloo with the timeout given to
+``init_process_group``. Collectives run when called, and the work they
+return is complete: ``wait()`` returns at once, and a collective that
+cannot finish (a dead rank) raises within the timeout, naming itself and
+the missing ranks.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend, ReduceOp, Work
+
+from . import _C
+
+NAME = "tpu_dist"
+
+_REDUCTIONS = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.AVG: "avg",
+    ReduceOp.PRODUCT: "product",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+}
+
+
+def _reduction(op):
+    kind = op.op if hasattr(op, "op") else op
+    if kind not in _REDUCTIONS:
+        raise NotImplementedError(
+            f"{NAME}: the reduction {kind} is not implemented (SUM, AVG, PRODUCT, MIN and MAX are)"
+        )
+    return _REDUCTIONS[kind]
+
+
+class _Done(Work):
+    """The work of a collective that has run: it ran when called, within
+    the group's timeout, so waiting returns at once."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+def _done(result):
+    return _Done(result)
+
+
+def _master_host(store):
+    """The host torch's store is served from (where rank 0 runs)."""
+    while store is not None:
+        host = getattr(store, "host", None)
+        if host:
+            return host
+        store = getattr(store, "underlying_store", None)
+    return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+
+class TpuDistBackend(Backend):
+    """A process group whose collectives run on tpu-dist."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        seconds = timeout.total_seconds()
+        host = _master_host(store)
+        if rank == 0:
+            own = _C.DistStore.serve(seconds)
+            ip = _C.local_ip_towards(host)
+            store.set(f"{NAME}/store", f"{ip}:{own.port}")
+        else:
+            ip = None
+            store.wait([f"{NAME}/store"], timeout)
+            own = _C.DistStore.connect(store.get(f"{NAME}/store").decode(), seconds)
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        self._group = _C.DistGroup(own, rank, size, local_rank, ip or host, seconds)
+
+    def getBackendName(self):
+        return NAME
+
+    # Reductions.
+
+    def allreduce(self, tensors, opts):
+        op = _reduction(opts.reduceOp)
+        for t in tensors:
+            self._group.all_reduce(t, op)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        op = _reduction(opts.reduceOp)
+        for t in tensors:
+            reduced = t.clone()
+            self._group.all_reduce(reduced, op)
+            if self.rank() == opts.rootRank:
+                t.copy_(reduced)
+        return _done(tensors)
+
+    def reduce_scatter_single(self, output, input, opts):
+        self._group.reduce_scatter(output, input, _reduction(opts.reduceOp))
+        return _done([output])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        op = _reduction(opts.reduceOp)
+        for output, input in zip(outputs, inputs):
+            self._group.reduce_scatter(output, input, op)
+        return _done(outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        op = _reduction(opts.reduceOp)
+        for output, inputs in zip(outputs, input_lists):
+            self._group.reduce_scatter(output, torch.stack(list(inputs)), op)
+        return _done(outputs)
+
+    # Gathers and scatters.
+
+    def all_gather_single(self, output, input, opts):
+        self._group.all_gather(output, input.unsqueeze(0))
+        return _done([output])
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        for output, input in zip(outputs, inputs):
+            self._group.all_gather(output, input.unsqueeze(0))
+        return _done(outputs)
+
+    def _all_gather(self, outputs, input):
+        stacked = input.new_empty((self.size(), *input.shape))
+        self._group.all_gather(stacked, input.unsqueeze(0))
+        for rank, output in enumerate(outputs):
+            output.copy_(stacked[rank])
+
+    def allgather(self, output_lists, inputs, opts):
+        for outputs, input in zip(output_lists, inputs):
+            self._all_gather(outputs, input)
+        return _done(output_lists)
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        return self.allgather(output_lists, inputs, opts)
+
+    def gather(self, output_lists, inputs, opts):
+        for rank_outputs, input in zip(output_lists or [[]] * len(inputs), inputs):
+            stacked = input.new_empty((self.size(), *input.shape))
+            self._group.all_gather(stacked, input.unsqueeze(0))
+            if self.rank() == opts.rootRank:
+                for rank, output in enumerate(rank_outputs):
+                    output.copy_(stacked[rank])
+        return _done(output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        for i, output in enumerate(outputs):
+            # Every rank broadcasts the same [size, numel] shape.
+            if self.rank() == opts.rootRank:
+                stacked = torch.stack([t.reshape(-1) for t in input_lists[i]])
+            else:
+                stacked = output.new_empty((self.size(), output.numel()))
+            self._group.broadcast(stacked, opts.rootRank)
+            output.copy_(stacked[self.rank()].view(output.shape))
+        return _done(outputs)
+
+    def broadcast(self, tensors, opts):
+        for t in tensors:
+            self._group.broadcast(t, opts.rootRank)
+        return _done(tensors)
+
+    # All-to-all.
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+        self._group.all_to_all(output, input, list(output_splits), list(input_splits))
+        return _done([output])
+
+    def alltoall_base(self, output, input, output_splits, input_splits, opts):
+        return self.all_to_all_single(output, input, output_splits, input_splits, opts)
+
+    def alltoall(self, outputs, inputs, opts):
+        flat_in = torch.cat([t.reshape(-1) for t in inputs])
+        flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
+        self._group.all_to_all(
+            flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]
+        )
+        for t, block in zip(outputs, flat_out.split([t.numel() for t in outputs])):
+            t.copy_(block.view(t.shape))
+        return _done(outputs)
+
+    # Point to point and barriers.
+
+    def send(self, tensors, dst, tag):
+        for t in tensors:
+            self._group.send(t, dst)
+        return _done(tensors)
+
+    def recv(self, tensors, src, tag):
+        for t in tensors:
+            self._group.recv(t, src)
+        return _done(tensors)
+
+    def barrier(self, opts):
+        self._group.barrier()
+        return _done([])
+
+    def monitored_barrier(self, opts):
+        return self.barrier(opts)
+
+
+def register():
+    """Makes ``tpu_dist`` a ``torch.distributed`` backend for tpu and CPU
+    tensors."""
+    if NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(NAME, TpuDistBackend, devices=["tpu", "cpu"])
