@@ -151,6 +151,17 @@ def collectives(device):
     t = on(mine)
     dist.all_reduce(t)
     exact(t, sum(everyone(torch.float32)), "all_reduce after errors")
+
+    # A group of the first and last ranks, in a store of its own.
+    if n > 2:
+        pair = dist.new_group([0, n - 1])
+        t = on(mine)
+        if rank in (0, n - 1):
+            dist.all_reduce(t, group=pair)
+            exact(t, value(0, shape, torch.float32) + value(n - 1, shape, torch.float32), "subgroup")
+        else:
+            exact(t, mine, "outside the subgroup")
+        dist.barrier()
     dist.destroy_process_group()
 
 
