@@ -60,10 +60,6 @@ class _Done(Work):
         return self._future
 
 
-def _done(result):
-    return _Done(result)
-
-
 def _master_host(store):
     """The host torch's store is served from (where rank 0 runs)."""
     while store is not None:
@@ -101,7 +97,7 @@ class TpuDistBackend(Backend):
         op = _reduction(opts.reduceOp)
         for t in tensors:
             self._group.all_reduce(t, op)
-        return _done(tensors)
+        return _Done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
@@ -113,34 +109,34 @@ class TpuDistBackend(Backend):
             self._group.all_reduce(reduced, op)
             if self.rank() == opts.rootRank:
                 t.copy_(reduced)
-        return _done(tensors)
+        return _Done(tensors)
 
     def reduce_scatter_single(self, output, input, opts):
         self._group.reduce_scatter(output, input, _reduction(opts.reduceOp))
-        return _done([output])
+        return _Done([output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         op = _reduction(opts.reduceOp)
         for output, input in zip(outputs, inputs):
             self._group.reduce_scatter(output, input, op)
-        return _done(outputs)
+        return _Done(outputs)
 
     def reduce_scatter(self, outputs, input_lists, opts):
         op = _reduction(opts.reduceOp)
         for output, inputs in zip(outputs, input_lists):
             self._group.reduce_scatter(output, torch.stack(list(inputs)), op)
-        return _done(outputs)
+        return _Done(outputs)
 
     # Gathers and scatters.
 
     def all_gather_single(self, output, input, opts):
         self._group.all_gather(output, input.unsqueeze(0))
-        return _done([output])
+        return _Done([output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         for output, input in zip(outputs, inputs):
             self._group.all_gather(output, input.unsqueeze(0))
-        return _done(outputs)
+        return _Done(outputs)
 
     def _all_gather(self, outputs, input):
         stacked = input.new_empty((self.size(), *input.shape))
@@ -151,7 +147,7 @@ class TpuDistBackend(Backend):
     def allgather(self, output_lists, inputs, opts):
         for outputs, input in zip(output_lists, inputs):
             self._all_gather(outputs, input)
-        return _done(output_lists)
+        return _Done(output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts):
         return self.allgather(output_lists, inputs, opts)
@@ -163,7 +159,7 @@ class TpuDistBackend(Backend):
             if self.rank() == opts.rootRank:
                 for rank, output in enumerate(rank_outputs):
                     output.copy_(stacked[rank])
-        return _done(output_lists)
+        return _Done(output_lists)
 
     def scatter(self, outputs, input_lists, opts):
         for i, output in enumerate(outputs):
@@ -174,18 +170,18 @@ class TpuDistBackend(Backend):
                 stacked = output.new_empty((self.size(), output.numel()))
             self._group.broadcast(stacked, opts.rootRank)
             output.copy_(stacked[self.rank()].view(output.shape))
-        return _done(outputs)
+        return _Done(outputs)
 
     def broadcast(self, tensors, opts):
         for t in tensors:
             self._group.broadcast(t, opts.rootRank)
-        return _done(tensors)
+        return _Done(tensors)
 
     # All-to-all.
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
         self._group.all_to_all(output, input, list(output_splits), list(input_splits))
-        return _done([output])
+        return _Done([output])
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts):
         return self.all_to_all_single(output, input, output_splits, input_splits, opts)
@@ -198,23 +194,23 @@ class TpuDistBackend(Backend):
         )
         for t, block in zip(outputs, flat_out.split([t.numel() for t in outputs])):
             t.copy_(block.view(t.shape))
-        return _done(outputs)
+        return _Done(outputs)
 
     # Point to point and barriers.
 
     def send(self, tensors, dst, tag):
         for t in tensors:
             self._group.send(t, dst)
-        return _done(tensors)
+        return _Done(tensors)
 
     def recv(self, tensors, src, tag):
         for t in tensors:
             self._group.recv(t, src)
-        return _done(tensors)
+        return _Done(tensors)
 
     def barrier(self, opts):
         self._group.barrier()
-        return _done([])
+        return _Done([])
 
     def monitored_barrier(self, opts):
         return self.barrier(opts)
