@@ -16,14 +16,15 @@ use tpu_dist::{JobOptions, ProcessGroup, ReduceOp, Store};
 
 use crate::error::{BridgeError, Result};
 use crate::ops::store;
-use crate::torch::{View, cpu_tensor, host_buffer};
+use crate::torch::{View, cpu_tensor, host_buffer, host_copy};
 
 /// The rendezvous store of one group, served by its rank 0: the other
 /// ranks learn its address through torch's own store.
 #[pyclass(frozen, module = "torch_tpu_rs._C")]
 pub struct DistStore {
+    /// Until a group joins in it.
     store: Mutex<Option<Store>>,
-    port: u16,
+    address: String,
 }
 
 fn seconds(timeout: f64) -> Result<Duration> {
@@ -31,17 +32,11 @@ fn seconds(timeout: f64) -> Result<Duration> {
         .map_err(|_| BridgeError::Unsupported(format!("a timeout of {timeout} s")))
 }
 
-impl DistStore {
-    fn new(store: Store) -> DistStore {
-        let port = store
-            .address()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
+impl From<Store> for DistStore {
+    fn from(store: Store) -> DistStore {
         DistStore {
+            address: store.address().to_string(),
             store: Mutex::new(Some(store)),
-            port,
         }
     }
 }
@@ -55,7 +50,7 @@ impl DistStore {
         let store = py
             .detach(|| Store::serve("0.0.0.0:0", timeout))
             .map_err(BridgeError::from)?;
-        Ok(DistStore::new(store))
+        Ok(store.into())
     }
 
     /// Connects to the store at `address` (`host:port`), retrying until
@@ -66,13 +61,17 @@ impl DistStore {
         let store = py
             .detach(|| Store::connect(address, timeout))
             .map_err(BridgeError::from)?;
-        Ok(DistStore::new(store))
+        Ok(store.into())
     }
 
     /// The port it is served on.
     #[getter]
-    fn port(&self) -> u16 {
-        self.port
+    fn port(&self) -> Result<u16> {
+        self.address
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| BridgeError::internal(format!("a store address {:?}", self.address)))
     }
 }
 
@@ -110,10 +109,7 @@ fn reduce_op(op: &str) -> Result<ReduceOp> {
 /// what crosses to the other processes.
 fn elements_of(t: &Bound<'_, PyAny>) -> Result<HostBuffer> {
     match View::of(t)? {
-        Some(view) => {
-            let value = view.read()?;
-            Ok(HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?)
-        }
+        Some(view) => host_copy(&view.read()?),
         None => host_buffer(t),
     }
 }

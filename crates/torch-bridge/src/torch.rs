@@ -242,11 +242,15 @@ pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
     Ok(Tensor::from_buffer(buffer))
 }
 
+/// `value`'s elements in host memory, shaped as the value.
+pub fn host_copy(value: &Tensor) -> Result<HostBuffer> {
+    // The buffer may be shared with a reshape of it: the value's shape rules.
+    Ok(HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?)
+}
+
 /// A CPU torch tensor with `value`'s elements.
 pub fn download<'py>(py: Python<'py>, value: &Tensor) -> Result<Bound<'py, PyAny>> {
-    // The buffer may be shared with a reshape of it: the value's shape rules.
-    let host = HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?;
-    cpu_tensor(py, &host)
+    cpu_tensor(py, &host_copy(value)?)
 }
 
 /// A CPU torch tensor holding a copy of `host`.

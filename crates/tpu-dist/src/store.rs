@@ -67,10 +67,7 @@ impl Store {
     /// its server is not up yet.
     pub fn connect(address: &str, timeout: Duration) -> Result<Store> {
         let deadline = Instant::now() + timeout;
-        let fail = |reason: String| Error::Rendezvous {
-            address: address.to_string(),
-            reason,
-        };
+        let fail = rendezvous_error(address);
         let targets: Vec<SocketAddr> = address
             .to_socket_addrs()
             .map_err(|e| fail(format!("cannot resolve the address: {e}")))?
@@ -125,14 +122,9 @@ impl Store {
     /// which the store's host reaches this process.
     pub fn local_ip(&self) -> Result<String> {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let local = conn
-            .writer
-            .get_ref()
-            .local_addr()
-            .map_err(|e| Error::Rendezvous {
-                address: self.address.clone(),
-                reason: format!("cannot read the local address: {e}"),
-            })?;
+        let local = conn.writer.get_ref().local_addr().map_err(|e| {
+            rendezvous_error(&self.address)(format!("cannot read the local address: {e}"))
+        })?;
         Ok(local.ip().to_string())
     }
 
@@ -140,10 +132,7 @@ impl Store {
     /// store served here should be advertised as to processes there. No
     /// packet is sent (a UDP socket only picks its route).
     pub fn local_ip_towards(host: &str) -> Result<String> {
-        let fail = |reason: String| Error::Rendezvous {
-            address: host.to_string(),
-            reason,
-        };
+        let fail = rendezvous_error(host);
         let target = (host, 9)
             .to_socket_addrs()
             .map_err(|e| fail(format!("cannot resolve the host: {e}")))?
@@ -191,10 +180,10 @@ impl Store {
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         match self.request(tag::GET, key, &[], millis, timeout)? {
             (tag::FOUND, value) => Ok(value),
-            (tag::MISSING, _) => Err(Error::Rendezvous {
-                address: self.address.clone(),
-                reason: format!("key `{key}` was not set within {}", seconds(timeout)),
-            }),
+            (tag::MISSING, _) => Err(rendezvous_error(&self.address)(format!(
+                "key `{key}` was not set within {}",
+                seconds(timeout)
+            ))),
             reply => Err(self.unexpected(reply)),
         }
     }
@@ -223,14 +212,11 @@ impl Store {
 
     fn check(&self, key: &str, value: &[u8]) -> Result<()> {
         if key.len() > MAX_KEY || value.len() > MAX_VALUE {
-            return Err(Error::Rendezvous {
-                address: self.address.clone(),
-                reason: format!(
-                    "a key of {} bytes or a value of {} bytes is over the store's limits ({MAX_KEY} and {MAX_VALUE})",
-                    key.len(),
-                    value.len()
-                ),
-            });
+            return Err(rendezvous_error(&self.address)(format!(
+                "a key of {} bytes or a value of {} bytes is over the store's limits ({MAX_KEY} and {MAX_VALUE})",
+                key.len(),
+                value.len()
+            )));
         }
         Ok(())
     }
@@ -246,9 +232,11 @@ impl Store {
     ) -> Result<(u8, Vec<u8>)> {
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let Connection { reader, writer } = &mut *conn;
-        let io = |e: std::io::Error| Error::Rendezvous {
-            address: self.address.clone(),
-            reason: format!("the store connection failed ({e}); did rank 0 exit?"),
+        let fail = rendezvous_error(&self.address);
+        let io = |e: std::io::Error| {
+            fail(format!(
+                "the store connection failed ({e}); did rank 0 exit?"
+            ))
         };
         reader
             .get_ref()
@@ -265,14 +253,11 @@ impl Store {
     }
 
     fn unexpected(&self, (tag, payload): (u8, Vec<u8>)) -> Error {
-        Error::Rendezvous {
-            address: self.address.clone(),
-            reason: if tag == tag::INVALID {
-                String::from_utf8_lossy(&payload).into_owned()
-            } else {
-                format!("the store answered with tag {tag}")
-            },
-        }
+        rendezvous_error(&self.address)(if tag == tag::INVALID {
+            String::from_utf8_lossy(&payload).into_owned()
+        } else {
+            format!("the store answered with tag {tag}")
+        })
     }
 }
 
@@ -290,6 +275,14 @@ impl tpu_core::pjrt::KeyValueStore for PjrtKeys {
         self.0
             .set(&format!("pjrt/{key}"), value)
             .map_err(|e| e.to_string())
+    }
+}
+
+/// The error of a store at `address` failing for a reason.
+fn rendezvous_error(address: &str) -> impl Fn(String) -> Error + '_ {
+    move |reason| Error::Rendezvous {
+        address: address.to_string(),
+        reason,
     }
 }
 
@@ -320,30 +313,22 @@ struct Table {
 
 impl Server {
     fn bind(address: &str) -> Result<Arc<Server>> {
-        let listener = TcpListener::bind(address).map_err(|e| Error::Rendezvous {
-            address: address.to_string(),
-            reason: format!("cannot listen: {e}"),
-        })?;
-        let bound = listener.local_addr().map_err(|e| Error::Rendezvous {
-            address: address.to_string(),
-            reason: format!("cannot read the bound address: {e}"),
-        })?;
+        let fail = rendezvous_error(address);
+        let listener =
+            TcpListener::bind(address).map_err(|e| fail(format!("cannot listen: {e}")))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| fail(format!("cannot read the bound address: {e}")))?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| Error::Rendezvous {
-                address: address.to_string(),
-                reason: format!("cannot configure the listener: {e}"),
-            })?;
+            .map_err(|e| fail(format!("cannot configure the listener: {e}")))?;
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(Table::default());
         let stopping = stop.clone();
         thread::Builder::new()
             .name("tpu-dist-store".into())
             .spawn(move || accept_loop(listener, table, stopping))
-            .map_err(|e| Error::Rendezvous {
-                address: address.to_string(),
-                reason: format!("cannot start the store thread: {e}"),
-            })?;
+            .map_err(|e| fail(format!("cannot start the store thread: {e}")))?;
         Ok(Arc::new(Server {
             address: bound,
             stop,

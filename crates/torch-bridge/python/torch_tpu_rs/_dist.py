@@ -153,12 +153,10 @@ class TpuDistBackend(Backend):
         return self.allgather(output_lists, inputs, opts)
 
     def gather(self, output_lists, inputs, opts):
-        for rank_outputs, input in zip(output_lists or [[]] * len(inputs), inputs):
-            stacked = input.new_empty((self.size(), *input.shape))
-            self._group.all_gather(stacked, input.unsqueeze(0))
-            if self.rank() == opts.rootRank:
-                for rank, output in enumerate(rank_outputs):
-                    output.copy_(stacked[rank])
+        # An all-gather whose result only the root keeps.
+        root = self.rank() == opts.rootRank
+        for i, input in enumerate(inputs):
+            self._all_gather(output_lists[i] if root else [], input)
         return _Done(output_lists)
 
     def scatter(self, outputs, input_lists, opts):

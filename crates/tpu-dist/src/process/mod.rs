@@ -408,6 +408,8 @@ impl ProcessGroup {
             let at = (rank * 2 * n + i) * 8;
             u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")) as usize
         };
+        // Every block padded to the largest any rank sends.
+        let mut block = 0;
         for (r, j) in (0..n).flat_map(|r| (0..n).map(move |j| (r, j))) {
             let (expected, sent) = (split(r, n + j), split(j, r));
             if expected != sent {
@@ -418,12 +420,8 @@ impl ProcessGroup {
                     ),
                 ));
             }
+            block = block.max(sent);
         }
-        let block = (0..n)
-            .flat_map(|r| (0..n).map(move |j| (r, j)))
-            .map(|(r, j)| split(r, j))
-            .max()
-            .unwrap_or(0);
         let row = dims[1..].iter().product::<usize>() * x.dtype().size_in_bytes();
         let mut padded = vec![0; n * block * row];
         let mut at = 0;
