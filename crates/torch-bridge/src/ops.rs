@@ -165,7 +165,7 @@ pub fn vjp<'py>(
     let mut gs = Vec::with_capacity(outputs.len());
     let grads: Vec<Bound<'py, PyAny>> = grads.iter().collect();
     for (i, &o) in outputs.iter().enumerate() {
-        let ty = tape.value(o).ty().clone();
+        let ty = tape.value(o).map_err(BridgeError::from)?.ty().clone();
         let g = match grads.get(i).filter(|g| !g.is_none()) {
             Some(g) => tensors(std::slice::from_ref(g), None, 0, Inputs::Op(op))?
                 .0
@@ -183,7 +183,7 @@ pub fn vjp<'py>(
     result
         .into_iter()
         .map(|g| match g {
-            Some(v) => Ok(Some(wrap(py, tape.value(v).clone())?)),
+            Some(v) => Ok(Some(wrap(py, tape.value(v)?.clone())?)),
             None => Ok(None),
         })
         .collect::<Result<Vec<_>>>()

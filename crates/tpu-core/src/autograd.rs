@@ -6,7 +6,7 @@
 
 use crate::Device;
 use crate::error::{Error, Result};
-use crate::op::{Attrs, OpDef, OpResult, Tape, Var, VjpArgs, registry};
+use crate::op::{Attrs, OpDef, OpResult, Tape, TapeValues, Var, VjpArgs, registry};
 use crate::policy::{call, end_of_backward};
 use crate::stablehlo::TensorType;
 use crate::tensor::Tensor;
@@ -21,7 +21,7 @@ struct Record {
 /// A recording of op calls on tensors, differentiable with [`GradTape::grad`].
 #[derive(Default)]
 pub struct GradTape {
-    values: Vec<Tensor>,
+    values: TapeValues<Tensor>,
     records: Vec<Record>,
 }
 
@@ -33,24 +33,26 @@ impl GradTape {
 
     /// Puts a tensor on the tape (a leaf).
     pub fn input(&mut self, tensor: Tensor) -> Var {
-        self.values.push(tensor);
-        Var(self.values.len() - 1)
+        self.values.push(tensor)
     }
 
-    /// The tensor behind `v`.
-    pub fn value(&self, v: Var) -> &Tensor {
-        &self.values[v.0]
+    /// The tensor behind `v`, or an error if `v` is from another tape.
+    pub fn value(&self, v: Var) -> Result<&Tensor> {
+        self.values.get(v).map_err(foreign_var)
     }
 
     /// Calls an op on tape values and records it.
     #[track_caller]
     pub fn op(&mut self, name: &str, inputs: &[Var], attrs: Attrs) -> Result<Vec<Var>> {
         let op = registry()?.get(name)?;
-        let tensors: Vec<Tensor> = inputs.iter().map(|v| self.values[v.0].clone()).collect();
+        let tensors = inputs
+            .iter()
+            .map(|&v| self.value(v).cloned())
+            .collect::<Result<Vec<Tensor>>>()?;
         let device = tensors
             .first()
             .map(Tensor::device)
-            .or_else(|| self.values.first().map(Tensor::device));
+            .or_else(|| self.values.iter().next().map(Tensor::device));
         let outs = call(name, &tensors, &attrs, device)?;
         let outputs: Vec<Var> = outs.into_iter().map(|t| self.input(t)).collect();
         self.records.push(Record {
@@ -86,21 +88,24 @@ impl GradTape {
         seed: Option<Var>,
         wrt: &[Var],
     ) -> Result<Vec<Option<Tensor>>> {
+        for &v in [output].iter().chain(&seed).chain(wrt) {
+            self.value(v)?;
+        }
         let seed = match seed {
             Some(s) => s,
             None => {
-                let ty = self.ty(output);
+                let ty = self.value(output)?.ty().clone();
                 self.full_var(&ty, 1.0)?
             }
         };
         let mut grads: Vec<Option<Var>> = vec![None; self.values.len()];
-        grads[output.0] = Some(seed);
+        grads[output.index()] = Some(seed);
         let recorded = std::mem::take(&mut self.records);
         for record in recorded.iter().rev() {
             if record
                 .outputs
                 .iter()
-                .all(|o| grads.get(o.0).copied().flatten().is_none())
+                .all(|o| grads.get(o.index()).copied().flatten().is_none())
             {
                 continue;
             }
@@ -109,10 +114,10 @@ impl GradTape {
             }
             let mut output_grads = Vec::with_capacity(record.outputs.len());
             for &o in &record.outputs {
-                let g = match grads.get(o.0).copied().flatten() {
+                let g = match grads.get(o.index()).copied().flatten() {
                     Some(g) => g,
                     None => {
-                        let ty = self.ty(o);
+                        let ty = self.value(o)?.ty().clone();
                         self.full_var(&ty, 0.0)?
                     }
                 };
@@ -130,7 +135,7 @@ impl GradTape {
             }
             for (input, g) in record.inputs.iter().zip(input_grads) {
                 let Some(g) = g else { continue };
-                grads[input.0] = Some(match grads[input.0] {
+                grads[input.index()] = Some(match grads[input.index()] {
                     Some(acc) => self.op1("add", &[acc, g], Attrs::new())?,
                     None => g,
                 });
@@ -141,10 +146,10 @@ impl GradTape {
             .iter()
             .map(|v| {
                 grads
-                    .get(v.0)
+                    .get(v.index())
                     .copied()
                     .flatten()
-                    .map(|g| self.values[g.0].clone())
+                    .and_then(|g| self.value(g).ok().cloned())
             })
             .collect();
         end_of_backward()?;
@@ -174,19 +179,25 @@ impl GradTape {
             op: op.name.to_string(),
             inputs: inputs
                 .iter()
-                .map(|v| self.ty(*v).to_string())
+                .filter_map(|&v| self.value(v).ok())
+                .map(|t| t.ty().to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
             device: inputs
                 .first()
-                .map(|v| self.values[v.0].device().to_string())
+                .and_then(|&v| self.value(v).ok())
+                .map(|t| t.device().to_string())
                 .unwrap_or_default(),
             reason: format!("backward rule failed: {reason}"),
         })
     }
 
     fn full_var(&mut self, ty: &TensorType, value: f64) -> Result<Var> {
-        let device = self.values.first().map_or(Device::Cpu, Tensor::device);
+        let device = self
+            .values
+            .iter()
+            .next()
+            .map_or(Device::Cpu, Tensor::device);
         let attrs = Attrs::new()
             .with("shape", ty.shape.dims())
             .with("dtype", ty.dtype)
@@ -206,14 +217,28 @@ impl Tape for GradTape {
     fn call(&mut self, op: &str, inputs: &[Var], attrs: Attrs) -> OpResult<Vec<Var>> {
         if inputs.is_empty() {
             // Creation ops (`full`) run where the tape's tensors live.
-            let device = self.values.first().map_or(Device::Cpu, Tensor::device);
+            let device = self
+                .values
+                .iter()
+                .next()
+                .map_or(Device::Cpu, Tensor::device);
             let outs = call(op, &[], &attrs, Some(device)).map_err(|e| e.to_string())?;
             return Ok(outs.into_iter().map(|t| self.input(t)).collect());
         }
         self.op(op, inputs, attrs).map_err(|e| e.to_string())
     }
 
-    fn ty(&self, v: Var) -> TensorType {
-        self.values[v.0].ty().clone()
+    fn ty(&self, v: Var) -> OpResult<TensorType> {
+        Ok(self.values.get(v)?.ty().clone())
+    }
+}
+
+/// A [`Var`] that is not on the tape it was given to.
+fn foreign_var(reason: String) -> Error {
+    Error::InvalidInput {
+        op: "grad tape".to_string(),
+        inputs: String::new(),
+        device: String::new(),
+        reason,
     }
 }

@@ -163,6 +163,29 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A compile-cache folder that is not this user's alone: loading an
+    /// executable from it would run code someone else could have written.
+    #[error(
+        "refusing the compile cache folder {dir}: {reason}; make it yours alone (`chmod 700`), or set TPU_RS_CACHE_DIR to another folder (empty turns the disk cache off)"
+    )]
+    UnsafeCacheDir {
+        /// The folder.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The host reference device cannot hold an op's outputs.
+    #[error(
+        "op `{op}` on cpu needs {requested} bytes for its outputs; the host has {available} bytes available"
+    )]
+    HostOutOfMemory {
+        /// The op.
+        op: String,
+        /// Bytes its outputs need on the host.
+        requested: u64,
+        /// Bytes the host reports available.
+        available: u64,
+    },
     /// An op failed after its inputs were accepted (execution, compilation
     /// of a fused graph, a Debug-mode check).
     #[error("op `{op}` called at {location} with inputs ({inputs}) failed: {source}")]

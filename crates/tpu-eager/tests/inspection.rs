@@ -237,7 +237,7 @@ impl Mlp {
         }
         // The end of an optimizer step: the update runs as its own graph.
         sync().unwrap();
-        values(tape.value(loss))[0]
+        values(tape.value(loss).unwrap())[0]
     }
 }
 

@@ -174,7 +174,10 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
     for ((grad, dir), x) in grads.iter().zip(&directions).zip(&inputs) {
         match (grad, dir) {
             (Some(gv), Some(d)) => {
-                let gt = tape.value(*gv);
+                let gt = match tape.value(*gv) {
+                    Ok(gt) => gt,
+                    Err(e) => return fail(e),
+                };
                 if gt.ty() != x.ty() {
                     return fail(format!("gradient {} for input {}", gt.ty(), x.ty()));
                 }

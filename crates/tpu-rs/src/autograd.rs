@@ -150,7 +150,7 @@ pub(crate) fn backward(root: &Tensor, seed: Option<&Tensor>) -> Result<()> {
             tape.backward_rule(node.op, &node.attrs, &inputs, &outputs, &grad_vars)?;
         for (input, g) in saved.inputs.iter().zip(input_grads) {
             let Some(g) = g else { continue };
-            let g = tape.value(g).clone();
+            let g = tape.value(g)?.clone();
             if !input.requires_grad() {
                 continue;
             }

@@ -45,13 +45,67 @@ pub fn check_inputs(
             format!("takes {:?} input(s)", op.arity),
         ));
     }
-    (op.infer)(inputs, attrs).map_err(|reason| invalid(op, inputs, device, reason))
+    let outputs =
+        (op.infer)(inputs, attrs).map_err(|reason| invalid(op, inputs, &device, reason))?;
+    let sizes = inputs.iter().map(|t| ("input", t));
+    for (what, ty) in sizes.chain(outputs.iter().map(|t| ("output", t))) {
+        if tensor_bytes(ty).is_none() {
+            let reason = format!(
+                "{what} {ty} is larger than any device can hold ({MAX_TENSOR_BYTES} bytes)"
+            );
+            return Err(invalid(op, inputs, device, reason));
+        }
+    }
+    Ok(outputs)
+}
+
+/// The largest tensor any device holds, in bytes: far above real memories,
+/// and low enough that every size a plugin computes from it fits in an i64
+/// (an overflow there aborts the process).
+pub const MAX_TENSOR_BYTES: u64 = 1 << 48;
+
+/// The bytes of a tensor of type `ty`, if it is at most [`MAX_TENSOR_BYTES`]
+/// (every dimension too, so an empty tensor cannot hide a huge one).
+pub fn tensor_bytes(ty: &TensorType) -> Option<u64> {
+    let dims = ty.shape.dims();
+    if dims.iter().any(|&d| d as u64 > MAX_TENSOR_BYTES) {
+        return None;
+    }
+    dims.iter()
+        .try_fold(ty.dtype.size_in_bytes() as u64, |n, &d| {
+            n.checked_mul(d as u64)
+        })
+        .filter(|&n| n <= MAX_TENSOR_BYTES)
+}
+
+/// Fails unless the host can hold `op`'s `outputs` as reference tensors
+/// (8 bytes an element), so a huge creation on `cpu` is an error rather
+/// than an allocation failure that aborts the process.
+fn check_host_memory(op: &OpDef, outputs: &[TensorType]) -> Result<()> {
+    // Small outputs skip the system query: this runs on every `cpu` op.
+    const ALWAYS_FITS: u64 = 64 << 20;
+    let requested: u64 = outputs
+        .iter()
+        .map(|t| (t.shape.numel() as u64).saturating_mul(8))
+        .fold(0, u64::saturating_add);
+    if requested <= ALWAYS_FITS {
+        return Ok(());
+    }
+    match crate::host::available_memory() {
+        Some(available) if requested > available => Err(Error::HostOutOfMemory {
+            op: op.name.to_string(),
+            requested,
+            available,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Runs the op's CPU reference, checking its outputs against inference.
 pub fn run_reference(op: &OpDef, inputs: &[HostTensor], attrs: &Attrs) -> Result<Vec<HostTensor>> {
     let types: Vec<TensorType> = inputs.iter().map(HostTensor::ty).collect();
     let expected = check_inputs(op, &types, attrs, "cpu")?;
+    check_host_memory(op, &expected)?;
     let outputs =
         (op.reference)(inputs, attrs).map_err(|reason| invalid(op, &types, "cpu", reason))?;
     let actual: Vec<TensorType> = outputs.iter().map(HostTensor::ty).collect();

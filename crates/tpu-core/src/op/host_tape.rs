@@ -1,14 +1,14 @@
 //! A tape that evaluates every call immediately with the op references: the
 //! oracle against which backward rules are checked.
 
-use super::{Attrs, OpResult, Tape, Var, registry, run_reference};
+use super::{Attrs, OpResult, Tape, TapeValues, Var, registry, run_reference};
 use crate::host::HostTensor;
 use crate::stablehlo::TensorType;
 
 /// Evaluates op calls on host tensors.
 #[derive(Default)]
 pub struct HostTape {
-    values: Vec<HostTensor>,
+    values: TapeValues<HostTensor>,
 }
 
 impl HostTape {
@@ -19,13 +19,12 @@ impl HostTape {
 
     /// Puts a value on the tape.
     pub fn push(&mut self, value: HostTensor) -> Var {
-        self.values.push(value);
-        Var(self.values.len() - 1)
+        self.values.push(value)
     }
 
-    /// The value of `v`.
-    pub fn value(&self, v: Var) -> &HostTensor {
-        &self.values[v.0]
+    /// The value of `v`, or an error if `v` is from another tape.
+    pub fn value(&self, v: Var) -> OpResult<&HostTensor> {
+        self.values.get(v)
     }
 }
 
@@ -34,12 +33,15 @@ impl Tape for HostTape {
         let def = registry()
             .and_then(|r| r.get(op))
             .map_err(|e| e.to_string())?;
-        let args: Vec<HostTensor> = inputs.iter().map(|v| self.values[v.0].clone()).collect();
+        let args = inputs
+            .iter()
+            .map(|&v| self.values.get(v).cloned())
+            .collect::<OpResult<Vec<HostTensor>>>()?;
         let outs = run_reference(def, &args, &attrs).map_err(|e| e.to_string())?;
         Ok(outs.into_iter().map(|t| self.push(t)).collect())
     }
 
-    fn ty(&self, v: Var) -> TensorType {
-        self.values[v.0].ty()
+    fn ty(&self, v: Var) -> OpResult<TensorType> {
+        Ok(self.values.get(v)?.ty())
     }
 }

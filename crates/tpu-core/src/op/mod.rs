@@ -14,12 +14,13 @@ mod tape;
 
 pub use attrs::{Attr, Attrs};
 pub use dispatch::{
-    check_inputs, run_on_device, run_reference, single_op_program, single_op_program_over,
+    MAX_TENSOR_BYTES, check_inputs, run_on_device, run_reference, single_op_program,
+    single_op_program_over, tensor_bytes,
 };
 pub use host_tape::HostTape;
 pub use registry::{OpId, Registry, registry};
 pub use sample_gen::Gen;
-pub use tape::{Tape, Var, VjpArgs};
+pub use tape::{Tape, TapeValues, Var, VjpArgs};
 
 use crate::DType;
 use crate::host::{HostTensor, Tolerance};

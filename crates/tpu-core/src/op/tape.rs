@@ -3,20 +3,90 @@
 //! reference (for finite-difference checks), under autograd on any device,
 //! and inside fused graphs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::{Attrs, OpResult};
 use crate::stablehlo::TensorType;
 use crate::{DType, Shape};
 
-/// A value on a [`Tape`].
+/// A value on a [`Tape`]: which tape made it, and where on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Var(pub usize);
+pub struct Var {
+    tape: u64,
+    index: usize,
+}
+
+impl Var {
+    /// Its position on its tape, counting from 0 in the order values were
+    /// put on it.
+    pub fn index(self) -> usize {
+        self.index
+    }
+}
+
+/// The values of one tape. Each store has its own identity, so a [`Var`]
+/// from another tape is an error rather than another tape's value.
+#[derive(Debug)]
+pub struct TapeValues<T> {
+    id: u64,
+    values: Vec<T>,
+}
+
+impl<T> Default for TapeValues<T> {
+    fn default() -> TapeValues<T> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        TapeValues {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            values: Vec::new(),
+        }
+    }
+}
+
+impl<T> TapeValues<T> {
+    /// Stores `value`, returning the [`Var`] that names it.
+    pub fn push(&mut self, value: T) -> Var {
+        self.values.push(value);
+        Var {
+            tape: self.id,
+            index: self.values.len() - 1,
+        }
+    }
+
+    /// The value `v` names, or an error if `v` is from another tape.
+    pub fn get(&self, v: Var) -> OpResult<&T> {
+        self.values
+            .get(v.index)
+            .filter(|_| v.tape == self.id)
+            .ok_or_else(|| {
+                format!(
+                    "value #{} is not on this tape (it is from another one)",
+                    v.index
+                )
+            })
+    }
+
+    /// How many values are stored.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The values, in the order they were stored.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.values.iter()
+    }
+}
 
 /// Something that records or evaluates op calls.
 pub trait Tape {
     /// Calls op `op` on `inputs`.
     fn call(&mut self, op: &str, inputs: &[Var], attrs: Attrs) -> OpResult<Vec<Var>>;
-    /// The type of `v`.
-    fn ty(&self, v: Var) -> TensorType;
+    /// The type of `v`, or an error if `v` is not on this tape.
+    fn ty(&self, v: Var) -> OpResult<TensorType>;
 }
 
 /// What a backward rule sees of the forward call.
@@ -45,7 +115,7 @@ impl dyn Tape + '_ {
 
     /// A tensor shaped like `like`, filled with `value`.
     pub fn full_like(&mut self, like: Var, value: f64) -> OpResult<Var> {
-        let ty = self.ty(like);
+        let ty = self.ty(like)?;
         self.full(ty.dtype, &ty.shape, value)
     }
 
@@ -96,7 +166,7 @@ impl dyn Tape + '_ {
 
     /// `a` cast to `dtype`.
     pub fn cast(&mut self, a: Var, dtype: DType) -> OpResult<Var> {
-        if self.ty(a).dtype == dtype {
+        if self.ty(a)?.dtype == dtype {
             return Ok(a);
         }
         self.call1("cast", &[a], Attrs::new().with("dtype", dtype))
@@ -104,7 +174,7 @@ impl dyn Tape + '_ {
 
     /// `a` reshaped to `shape`.
     pub fn reshape(&mut self, a: Var, shape: &Shape) -> OpResult<Var> {
-        if self.ty(a).shape == *shape {
+        if self.ty(a)?.shape == *shape {
             return Ok(a);
         }
         self.call1("reshape", &[a], Attrs::new().with("shape", shape.dims()))
@@ -112,7 +182,7 @@ impl dyn Tape + '_ {
 
     /// `a` broadcast to `shape` (NumPy rules).
     pub fn broadcast_to(&mut self, a: Var, shape: &Shape) -> OpResult<Var> {
-        if self.ty(a).shape == *shape {
+        if self.ty(a)?.shape == *shape {
             return Ok(a);
         }
         self.call1(
@@ -131,7 +201,7 @@ impl dyn Tape + '_ {
     /// Undoes NumPy broadcasting: sums `grad` down to `shape`, the shape of
     /// the input that was broadcast.
     pub fn sum_to(&mut self, grad: Var, shape: &Shape) -> OpResult<Var> {
-        let gshape = self.ty(grad).shape;
+        let gshape = self.ty(grad)?.shape;
         if gshape == *shape {
             return Ok(grad);
         }

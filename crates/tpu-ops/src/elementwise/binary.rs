@@ -66,7 +66,7 @@ fn arith_ref(
 
 /// Reduces a broadcast gradient to an input's shape and dtype.
 pub(crate) fn grad_for(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
-    let ty = t.ty(input);
+    let ty = t.ty(input)?;
     if !ty.dtype.is_float() {
         return Ok(None);
     }
@@ -83,7 +83,7 @@ fn grads(t: &mut dyn Tape, a: &VjpArgs<'_>, ga: Var, gb: Var) -> OpResult<Vec<Op
 
 /// Both inputs cast to the output's dtype (so derivative math is in one type).
 fn promoted(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<(Var, Var)> {
-    let dt = t.ty(a.outputs[0]).dtype;
+    let dt = t.ty(a.outputs[0])?.dtype;
     Ok((t.cast(a.inputs[0], dt)?, t.cast(a.inputs[1], dt)?))
 }
 

@@ -224,8 +224,8 @@ inventory::submit! {
         lower: |b, x, attrs| Ok(vec![lower_cast(b, &x[0], attrs.dtype("dtype")?)]),
         reference: |x, attrs| Ok(vec![one(x)?.cast(attrs.dtype("dtype")?)]),
         vjp: Some(|t, a| {
-            let from = t.ty(a.inputs[0]).dtype;
-            if !from.is_float() || !t.ty(a.outputs[0]).dtype.is_float() {
+            let from = t.ty(a.inputs[0])?.dtype;
+            if !from.is_float() || !t.ty(a.outputs[0])?.dtype.is_float() {
                 return Ok(vec![None]);
             }
             Ok(vec![Some(t.cast(a.grads[0], from)?)])

@@ -449,7 +449,7 @@ same_op!("relu", dtypes: NUMERIC,
     vjp: Some(|t, a| chain(t, a, |t, x, _| {
         let zero = t.full_like(x, 0.0)?;
         let mask = t.call1("gt", &[x, zero], Attrs::new())?;
-        let dt = t.ty(x).dtype;
+        let dt = t.ty(x)?.dtype;
         t.cast(mask, dt)
     })),
     range: (-3.0, 3.0));

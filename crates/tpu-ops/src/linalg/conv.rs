@@ -365,7 +365,7 @@ pub(crate) fn conv_ref_f64(
 
 /// Splits dim `src` of `x` into `(size, rest)`.
 fn axis_out_of(t: &mut dyn Tape, src: usize, size: usize, x: Var) -> OpResult<Var> {
-    let mut dims = t.ty(x).shape.dims().to_vec();
+    let mut dims = t.ty(x)?.shape.dims().to_vec();
     let rest = dims[src] / size.max(1);
     dims.splice(src..=src, [size, rest]);
     t.reshape(x, &Shape::new(dims))
@@ -374,7 +374,7 @@ fn axis_out_of(t: &mut dyn Tape, src: usize, size: usize, x: Var) -> OpResult<Va
 /// Merges dim `src` of `x` into dim `dst` (numbered with `src` removed),
 /// `src` becoming the major part.
 fn axis_into(t: &mut dyn Tape, src: usize, dst: usize, x: Var) -> OpResult<Var> {
-    let dims = t.ty(x).shape.dims().to_vec();
+    let dims = t.ty(x)?.shape.dims().to_vec();
     let mut perm: Vec<usize> = (0..dims.len()).filter(|&i| i != src).collect();
     perm.insert(dst, src);
     let moved = permute(t, x, &perm)?;
@@ -407,7 +407,7 @@ pub(crate) fn conv_lhs_grad(
     lhs_shape: &Shape,
     p: &ConvParams,
 ) -> OpResult<Var> {
-    let (gt, rt) = (t.ty(g), t.ty(rhs));
+    let (gt, rt) = (t.ty(g)?, t.ty(rhs)?);
     if gt.shape.numel() == 0 || rt.shape.numel() == 0 || lhs_shape.numel() == 0 {
         return zeros(t, gt.dtype, lhs_shape);
     }
@@ -419,7 +419,7 @@ pub(crate) fn conv_lhs_grad(
         w = axis_into(t, p.rhs_spec[0], p.rhs_spec[1], w)?;
         fgc = groups;
     }
-    let ws = t.ty(w).shape;
+    let ws = t.ty(w)?.shape;
     let n = p.spatial();
     let mut padding = Vec::with_capacity(n);
     for i in 0..n {
@@ -459,7 +459,7 @@ pub(crate) fn conv_rhs_grad(
     rhs_shape: &Shape,
     p: &ConvParams,
 ) -> OpResult<Var> {
-    let (gt, lt) = (t.ty(g), t.ty(lhs));
+    let (gt, lt) = (t.ty(g)?, t.ty(lhs)?);
     if gt.shape.numel() == 0 || lt.shape.numel() == 0 || rhs_shape.numel() == 0 {
         return zeros(t, gt.dtype, rhs_shape);
     }
@@ -513,7 +513,7 @@ fn infer_convolution(x: &[TensorType], attrs: &Attrs) -> OpResult<TensorType> {
 
 fn convolution_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (x, w, g) = (a.inputs[0], a.inputs[1], a.grads[0]);
-    let (xs, ws) = (t.ty(x).shape, t.ty(w).shape);
+    let (xs, ws) = (t.ty(x)?.shape, t.ty(w)?.shape);
     let p = conv_params(a.attrs, xs.rank())?;
     let gx = conv_lhs_grad(t, g, w, &xs, &p)?;
     let gw = conv_rhs_grad(t, g, x, &ws, &p)?;
@@ -744,7 +744,11 @@ fn conv_nd_vjp(
     n: usize,
     op: &str,
 ) -> OpResult<Vec<Option<Var>>> {
-    let types: Vec<TensorType> = a.inputs.iter().map(|&v| t.ty(v)).collect();
+    let types = a
+        .inputs
+        .iter()
+        .map(|&v| t.ty(v))
+        .collect::<OpResult<Vec<TensorType>>>()?;
     let c = conv_nd(&types, a.attrs, n, op)?;
     let (x, w) = (a.inputs[0], a.inputs[1]);
     let xs = batched(&types[0].shape, c.unbatched);

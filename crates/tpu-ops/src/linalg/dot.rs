@@ -227,7 +227,7 @@ fn rank_in(v: usize, dims: &[usize]) -> usize {
 /// gradient with the other side, permuted back to the side's layout.
 fn dot_general_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (x, y, g) = (a.inputs[0], a.inputs[1], a.grads[0]);
-    let (tx, ty) = (t.ty(x), t.ty(y));
+    let (tx, ty) = (t.ty(x)?, t.ty(y)?);
     if !tx.dtype.is_float() {
         return Ok(vec![None, None]);
     }
@@ -568,7 +568,7 @@ fn matmul_ref(x: &HostTensor, y: &HostTensor) -> OpResult<HostTensor> {
 /// and broadcast to the common batch, then summed back to each shape.
 fn matmul_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (x, y, g) = (a.inputs[0], a.inputs[1], a.grads[0]);
-    let (tx, ty) = (t.ty(x), t.ty(y));
+    let (tx, ty) = (t.ty(x)?, t.ty(y)?);
     if !tx.dtype.is_float() {
         return Ok(vec![None, None]);
     }

@@ -31,7 +31,8 @@ pub(crate) fn permute(t: &mut dyn Tape, x: Var, perm: &[usize]) -> OpResult<Var>
 
 /// `x` reversed along `dims`.
 pub(crate) fn flip(t: &mut dyn Tape, x: Var, dims: &[usize]) -> OpResult<Var> {
-    if dims.is_empty() || dims.iter().all(|&d| t.ty(x).shape.dims()[d] <= 1) {
+    let shape = t.ty(x)?.shape;
+    if dims.iter().all(|&d| shape.dims()[d] <= 1) {
         return Ok(x);
     }
     t.call1("flip", &[x], Attrs::new().with("dims", dims))

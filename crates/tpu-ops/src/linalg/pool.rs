@@ -314,7 +314,7 @@ fn pool_sample(g: &mut Gen, dtype: DType, max: bool) -> (HostTensor, Attrs) {
 
 fn max_pool_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let x = a.inputs[0];
-    if !t.ty(x).dtype.is_float() {
+    if !t.ty(x)?.dtype.is_float() {
         return Ok(vec![None]);
     }
     let g = t.call1("max_pool2d_backward", &[x, a.grads[0]], a.attrs.clone())?;
@@ -582,7 +582,7 @@ fn avg_pool_ref(x: &HostTensor, p: &Pool, include: bool) -> OpResult<HostTensor>
 /// convolution by a kernel of ones (channels folded into the batch).
 fn avg_pool_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let x = a.inputs[0];
-    let xt = t.ty(x);
+    let xt = t.ty(x)?;
     let p = pool_args(&xt, a.attrs, false, "avg_pool2d")?;
     let include = include_pad(a.attrs)?;
     let dtype = xt.dtype;

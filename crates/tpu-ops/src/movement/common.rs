@@ -381,7 +381,7 @@ pub(crate) fn pad_dim(t: &mut dyn Tape, g: Var, dim: usize, lo: i64, hi: i64) ->
     if lo == 0 && hi == 0 {
         return Ok(g);
     }
-    let rank = t.ty(g).shape.rank();
+    let rank = t.ty(g)?.shape.rank();
     let mut pad = vec![0i64; 2 * (rank - dim)];
     let k = 2 * (rank - 1 - dim);
     pad[k] = lo;
@@ -395,7 +395,7 @@ pub(crate) fn pad_dim(t: &mut dyn Tape, g: Var, dim: usize, lo: i64, hi: i64) ->
 
 /// `g` padded with zeros at the end of each dim up to `shape`.
 pub(crate) fn pad_to(t: &mut dyn Tape, g: Var, shape: &Shape) -> OpResult<Var> {
-    let have = t.ty(g).shape;
+    let have = t.ty(g)?.shape;
     if have == *shape {
         return Ok(g);
     }
@@ -415,7 +415,7 @@ pub(crate) fn pad_to(t: &mut dyn Tape, g: Var, shape: &Shape) -> OpResult<Var> {
 /// The gradient `g` cast to the dtype of `input`, or `None` for
 /// non-float inputs.
 pub(crate) fn grad_as(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
-    let ty = t.ty(input);
+    let ty = t.ty(input)?;
     if !ty.dtype.is_float() {
         return Ok(None);
     }

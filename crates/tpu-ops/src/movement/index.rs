@@ -79,7 +79,7 @@ fn gather_ref(x: &HostTensor, idx: &HostTensor, dim: usize) -> OpResult<HostTens
 /// The gradient of an element gather: the output gradient added back at
 /// the gathered positions.
 fn gather_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, dim: usize) -> OpResult<Option<Var>> {
-    if !t.ty(x).dtype.is_float() {
+    if !t.ty(x)?.dtype.is_float() {
         return Ok(None);
     }
     let zeros = zeros_like(t, x)?;
@@ -136,7 +136,7 @@ inventory::submit! {
             Ok(vec![gather_ref(a, i, dim)?])
         },
         vjp: Some(|t, a| {
-            let dim = gather_plan(&t.ty(a.inputs[0]), &t.ty(a.inputs[1]), a.attrs)?;
+            let dim = gather_plan(&t.ty(a.inputs[0])?, &t.ty(a.inputs[1])?, a.attrs)?;
             Ok(vec![gather_vjp(t, a.inputs[0], a.inputs[1], a.grads[0], dim)?, None])
         }),
         tolerance: Tolerance::for_dtype,
@@ -247,7 +247,7 @@ fn take_ref(x: &HostTensor, idx: &HostTensor, p: &TakePlan) -> OpResult<HostTens
 }
 
 fn take_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, attrs: &Attrs) -> OpResult<Option<Var>> {
-    let (xt, it) = (t.ty(x), t.ty(idx));
+    let (xt, it) = (t.ty(x)?, t.ty(idx)?);
     if !xt.dtype.is_float() {
         return Ok(None);
     }
@@ -431,7 +431,7 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let x = a.inputs[0];
-            if !t.ty(x).dtype.is_float() {
+            if !t.ty(x)?.dtype.is_float() {
                 return Ok(vec![None, None]);
             }
             let zeros = zeros_like(t, x)?;
@@ -500,11 +500,11 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let (w, idx) = (a.inputs[0], a.inputs[1]);
-            let wt = t.ty(w);
+            let wt = t.ty(w)?;
             if !wt.dtype.is_float() {
                 return Ok(vec![None, None]);
             }
-            let n = t.ty(idx).shape.numel();
+            let n = t.ty(idx)?.shape.numel();
             let flat = t.reshape(idx, &Shape::new(vec![n]))?;
             let g = t.reshape(a.grads[0], &Shape::new(vec![n, wt.shape.dims()[1]]))?;
             let zeros = zeros_like(t, w)?;

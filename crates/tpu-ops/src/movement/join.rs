@@ -93,7 +93,10 @@ fn concat_vjp(
     g: Var,
     attrs: &Attrs,
 ) -> OpResult<Vec<Option<Var>>> {
-    let types: Vec<TensorType> = inputs.iter().map(|&v| t.ty(v)).collect();
+    let types = inputs
+        .iter()
+        .map(|&v| t.ty(v))
+        .collect::<OpResult<Vec<TensorType>>>()?;
     let plan = concat_plan(&types, attrs)?;
     let mut offset = 0i64;
     let mut out = Vec::with_capacity(inputs.len());
@@ -237,7 +240,7 @@ inventory::submit! {
             Ok(vec![concat_tensors(&parts, dim, out.dtype)?])
         },
         vjp: Some(|t, a| {
-            let types: Vec<TensorType> = a.inputs.iter().map(|&v| t.ty(v)).collect();
+            let types = a.inputs.iter().map(|&v| t.ty(v)).collect::<OpResult<Vec<TensorType>>>()?;
             let (dim, _) = stack_plan(&types, a.attrs)?;
             let mut out = Vec::with_capacity(a.inputs.len());
             for (i, &x) in a.inputs.iter().enumerate() {
@@ -408,7 +411,7 @@ inventory::submit! {
             Ok(split_ref(x, dim, &sizes))
         },
         vjp: Some(|t, a| {
-            let (dim, _) = split_plan(&t.ty(a.inputs[0]).shape, a.attrs)?;
+            let (dim, _) = split_plan(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             split_vjp(t, a.grads, dim)
         }),
         tolerance: Tolerance::for_dtype,
@@ -472,7 +475,7 @@ inventory::submit! {
             Ok(split_ref(x, dim, &sizes))
         },
         vjp: Some(|t, a| {
-            let (dim, _) = chunk_plan(&t.ty(a.inputs[0]).shape, a.attrs)?;
+            let (dim, _) = chunk_plan(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             split_vjp(t, a.grads, dim)
         }),
         tolerance: Tolerance::for_dtype,

@@ -94,7 +94,7 @@ inventory::submit! {
             Ok(vec![permute_ref(x, &perm)])
         },
         vjp: Some(|t, a| {
-            let perm = permutation(t.ty(a.inputs[0]).shape.rank(), a.attrs)?;
+            let perm = permutation(t.ty(a.inputs[0])?.shape.rank(), a.attrs)?;
             let inv: Vec<i64> = inverse(&perm).iter().map(|&p| p as i64).collect();
             Ok(vec![Some(t.call1("permute", &[a.grads[0]], Attrs::new().with("dims", inv))?)])
         }),
@@ -192,7 +192,7 @@ inventory::submit! {
             Ok(vec![reshape_to(x, &unsqueezed(&x.shape(), attrs)?)?])
         },
         vjp: Some(|t, a| {
-            let shape = t.ty(a.inputs[0]).shape;
+            let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
         tolerance: Tolerance::for_dtype,
@@ -252,7 +252,7 @@ inventory::submit! {
             Ok(vec![reshape_to(x, &squeezed(&x.shape(), attrs)?)?])
         },
         vjp: Some(|t, a| {
-            let shape = t.ty(a.inputs[0]).shape;
+            let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
         tolerance: Tolerance::for_dtype,

@@ -77,7 +77,7 @@ inventory::submit! {
             Ok(vec![reshape_to(x, &reshape_target(&x.shape(), attrs)?)?])
         },
         vjp: Some(|t, a| {
-            let shape = t.ty(a.inputs[0]).shape;
+            let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
         tolerance: Tolerance::for_dtype,
@@ -144,7 +144,7 @@ inventory::submit! {
             }])
         },
         vjp: Some(|t, a| {
-            let shape = t.ty(a.inputs[0]).shape;
+            let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.sum_to(a.grads[0], &shape)?)])
         }),
         tolerance: Tolerance::for_dtype,

@@ -105,21 +105,21 @@ fn scatter_ref(x: &[HostTensor], dim: usize, combine: Combine) -> OpResult<HostT
 /// positions, zero-padded to `src`'s shape.
 fn src_grad(t: &mut dyn Tape, a: &VjpArgs<'_>, dim: usize) -> OpResult<Option<Var>> {
     let (idx, src) = (a.inputs[1], a.inputs[2]);
-    let st = t.ty(src);
+    let st = t.ty(src)?;
     if !st.dtype.is_float() {
         return Ok(None);
     }
     let attrs = Attrs::new().with("dim", dim as i64);
     let g = t.call1("gather", &[a.grads[0], idx], attrs)?;
-    let g = t.reshape(g, &lift(&t.ty(idx).shape))?;
+    let g = t.reshape(g, &lift(&t.ty(idx)?.shape))?;
     let g = pad_to(t, g, &lift(&st.shape))?;
     Ok(Some(t.reshape(g, &st.shape)?))
 }
 
 fn scatter_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, combine: Combine) -> OpResult<Vec<Option<Var>>> {
     let (x, idx, src) = (a.inputs[0], a.inputs[1], a.inputs[2]);
-    let dim = scatter_plan(&t.ty(x), &t.ty(idx), &t.ty(src), a.attrs)?;
-    let gx = if !t.ty(x).dtype.is_float() {
+    let dim = scatter_plan(&t.ty(x)?, &t.ty(idx)?, &t.ty(src)?, a.attrs)?;
+    let gx = if !t.ty(x)?.dtype.is_float() {
         None
     } else if combine == Combine::Add {
         Some(a.grads[0])
@@ -339,9 +339,9 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let (x, idx, src) = (a.inputs[0], a.inputs[1], a.inputs[2]);
-            let dim = index_add_plan(&t.ty(x), &t.ty(idx), &t.ty(src), a.attrs)?;
+            let dim = index_add_plan(&t.ty(x)?, &t.ty(idx)?, &t.ty(src)?, a.attrs)?;
             let gx = grad_as(t, a.grads[0], x)?;
-            let st = t.ty(src);
+            let st = t.ty(src)?;
             let gs = if st.dtype.is_float() {
                 let attrs = Attrs::new().with("dim", dim as i64);
                 let g = t.call1("index_select", &[a.grads[0], idx], attrs)?;

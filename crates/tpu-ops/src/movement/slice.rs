@@ -49,12 +49,12 @@ impl Range {
     /// The gradient of the input: `g` spread back with zeros in between and
     /// around (pad only).
     fn vjp(&self, t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Var> {
-        let shape = t.ty(input).shape;
+        let shape = t.ty(input)?.shape;
         let size = shape.dims()[self.dim] as i64;
         let mut g = g;
         if self.step > 1 {
             // [.., n, ..] -> [.., n, 1, ..] -> pad to [.., n, step, ..] -> [.., n*step, ..].
-            let gs = t.ty(g).shape;
+            let gs = t.ty(g)?.shape;
             let mut dims = gs.dims().to_vec();
             dims.insert(self.dim + 1, 1);
             g = t.reshape(g, &Shape::new(dims.clone()))?;
@@ -161,7 +161,7 @@ inventory::submit! {
             Ok(vec![slice_range(&x.shape(), attrs)?.reference(x)])
         },
         vjp: Some(|t, a| {
-            let r = slice_range(&t.ty(a.inputs[0]).shape, a.attrs)?;
+            let r = slice_range(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             Ok(vec![Some(r.vjp(t, a.grads[0], a.inputs[0])?)])
         }),
         tolerance: Tolerance::for_dtype,
@@ -238,7 +238,7 @@ inventory::submit! {
             Ok(vec![narrow_range(&x.shape(), attrs)?.reference(x)])
         },
         vjp: Some(|t, a| {
-            let r = narrow_range(&t.ty(a.inputs[0]).shape, a.attrs)?;
+            let r = narrow_range(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             Ok(vec![Some(r.vjp(t, a.grads[0], a.inputs[0])?)])
         }),
         tolerance: Tolerance::for_dtype,
@@ -306,7 +306,7 @@ inventory::submit! {
             Ok(vec![reshape_to(&r.reference(x), &out)?])
         },
         vjp: Some(|t, a| {
-            let shape = t.ty(a.inputs[0]).shape;
+            let shape = t.ty(a.inputs[0])?.shape;
             let (r, _) = select_range(&shape, a.attrs)?;
             let kept = r.out_shape(&shape);
             let g = t.reshape(a.grads[0], &kept)?;

@@ -153,7 +153,7 @@ fn sorted_lower(
 /// from (indices are output 1).
 fn sorted_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, dim: usize) -> OpResult<Vec<Option<Var>>> {
     let x = a.inputs[0];
-    if !t.ty(x).dtype.is_float() {
+    if !t.ty(x)?.dtype.is_float() {
         return Ok(vec![None]);
     }
     let zeros = zeros_like(t, x)?;
@@ -247,7 +247,7 @@ inventory::submit! {
             sorted_ref(x, dim, k, desc)
         },
         vjp: Some(|t, a| {
-            let (dim, _, _) = sort_plan(&t.ty(a.inputs[0]), a.attrs)?;
+            let (dim, _, _) = sort_plan(&t.ty(a.inputs[0])?, a.attrs)?;
             sorted_vjp(t, a, dim)
         }),
         tolerance: Tolerance::for_dtype,
@@ -315,7 +315,7 @@ inventory::submit! {
             sorted_ref(x, dim, k, largest)
         },
         vjp: Some(|t, a| {
-            let (dim, _, _) = topk_plan(&t.ty(a.inputs[0]), a.attrs)?;
+            let (dim, _, _) = topk_plan(&t.ty(a.inputs[0])?, a.attrs)?;
             sorted_vjp(t, a, dim)
         }),
         tolerance: Tolerance::for_dtype,

@@ -363,7 +363,7 @@ fn scatter_ref(base: &HostTensor, src: &HostTensor, v: &View) -> OpResult<HostTe
 /// was read from. Without overlap that is a plain write into zeros; with it
 /// (stride 0, overlapping windows) repeated reads must accumulate.
 fn view_grad(t: &mut dyn Tape, g: Var, x: Var, v: &View) -> OpResult<Var> {
-    let xt = t.ty(x);
+    let xt = t.ty(x)?;
     let g = t.cast(g, xt.dtype)?;
     let zeros = zeros_like(t, x)?;
     if v.numel() == 0 {
@@ -607,7 +607,7 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let x = a.inputs[0];
-            let xt = t.ty(x);
+            let xt = t.ty(x)?;
             if !xt.dtype.is_float() {
                 return Ok(vec![None]);
             }
@@ -643,7 +643,7 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let (base, src) = (a.inputs[0], a.inputs[1]);
-            let (bt, st) = (t.ty(base), t.ty(src));
+            let (bt, st) = (t.ty(base)?, t.ty(src)?);
             let v = scatter_view(&bt, &st, a.attrs)?;
             if !bt.dtype.is_float() {
                 return Ok(vec![None, None]);
@@ -829,7 +829,7 @@ mod tests {
             tape.push(HostTensor::from_f64(DType::F32, vec![3, 3], vec![1.0; 9]).expect("fills"));
         let v = View::parse(5, &view(&[3, 3], &[1, 1], 0)).expect("in bounds");
         let gx = view_grad(&mut tape, g, x, &v).expect("backward");
-        let got: Vec<f64> = tape.value(gx).to_f64().iter().copied().collect();
+        let got: Vec<f64> = tape.value(gx).unwrap().to_f64().iter().copied().collect();
         assert_eq!(got, [1., 2., 3., 2., 1.]);
     }
 }

@@ -235,7 +235,11 @@ fn matmul(t: &mut dyn Tape, x: Var, y: Var) -> OpResult<Var> {
 /// `dv = p^T g`, `ds = p * (g v^T - sum(p * g v^T))`, `dq = ds k * scale`,
 /// `dk = ds^T q * scale`, `dmask = ds`, each summed to its input's shape.
 fn attn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let types: Vec<TensorType> = a.inputs.iter().map(|&v| t.ty(v)).collect();
+    let types = a
+        .inputs
+        .iter()
+        .map(|&v| t.ty(v))
+        .collect::<OpResult<Vec<TensorType>>>()?;
     let args = attn_args(&types, a.attrs)?;
     let (q, k, v) = (a.inputs[0], a.inputs[1], a.inputs[2]);
     let g = a.grads[0];
@@ -244,7 +248,7 @@ fn attn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let mut s = t.scale(s, args.scale)?;
     let ninf = t.full_like(s, f64::NEG_INFINITY)?;
     if let Some(&m) = a.inputs.get(3) {
-        if t.ty(m).dtype == DType::Bool {
+        if t.ty(m)?.dtype == DType::Bool {
             s = select(t, m, s, ninf)?;
         } else {
             s = t.add(s, m)?;
@@ -263,7 +267,7 @@ fn attn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
         let keep = call2(t, "ge", rows, cols)?;
         s = select(t, keep, s, ninf)?;
     }
-    let last = t.ty(s).shape.rank() - 1;
+    let last = t.ty(s)?.shape.rank() - 1;
     let p = t.call1("softmax", &[s], Attrs::new().with("dim", last))?;
     let vt = transpose_last(t, v)?;
     let dp = matmul(t, g, vt)?;

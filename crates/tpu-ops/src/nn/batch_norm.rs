@@ -175,7 +175,11 @@ fn bn_ref(x: &[HostTensor], attrs: &Attrs) -> OpResult<Vec<HostTensor>> {
 /// (x - mean) / (count - 1)` for the variance). Evaluation: an affine map
 /// of `x` per channel.
 fn bn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let types: Vec<TensorType> = a.inputs.iter().map(|&v| t.ty(v)).collect();
+    let types = a
+        .inputs
+        .iter()
+        .map(|&v| t.ty(v))
+        .collect::<OpResult<Vec<TensorType>>>()?;
     let args = bn_args(&types, a.attrs)?;
     let [x, w, _bias, rm, rv] = a.inputs else {
         return Err("takes five inputs".into());

@@ -188,7 +188,7 @@ fn loss_ref(x: &[HostTensor], attrs: &Attrs, softmax: bool) -> OpResult<HostTens
 /// The one-hot encoding of `target` along the class dim of `like`'s shape,
 /// as floats of `like`'s dtype.
 fn one_hot(t: &mut dyn Tape, target: Var, like: Var, class_dim: usize) -> OpResult<Var> {
-    let ty = t.ty(like);
+    let ty = t.ty(like)?;
     let kept = reduced_shape(&ty.shape, &[class_dim], true);
     let idx = t.call1(
         "iota",
@@ -210,7 +210,7 @@ fn one_hot(t: &mut dyn Tape, target: Var, like: Var, class_dim: usize) -> OpResu
 /// the others for "mean").
 fn loss_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, softmax: bool) -> OpResult<Vec<Option<Var>>> {
     let (x, target) = (a.inputs[0], a.inputs[1]);
-    let types = [t.ty(x), t.ty(target)];
+    let types = [t.ty(x)?, t.ty(target)?];
     let args = loss_args(&types, a.attrs, softmax)?;
     let dtype = types[0].dtype;
     let tgt = t.cast(target, DType::I64)?;

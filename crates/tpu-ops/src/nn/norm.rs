@@ -154,7 +154,11 @@ fn norm_ref(kind: Kind, x: &[HostTensor], attrs: &Attrs) -> OpResult<HostTensor>
 /// layer_norm: `dx = rstd (gy - mean(gy) - xhat mean(gy xhat))`;
 /// rms_norm: `dx = r gy - x r^3 mean(gy x)`; with `gy = g * weight`.
 fn norm_vjp(kind: Kind, t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let types: Vec<TensorType> = a.inputs.iter().map(|&v| t.ty(v)).collect();
+    let types = a
+        .inputs
+        .iter()
+        .map(|&v| t.ty(v))
+        .collect::<OpResult<Vec<TensorType>>>()?;
     let (dims, eps) = norm_args(kind, &types, a.attrs)?;
     let (x, g) = (a.inputs[0], a.grads[0]);
     let centred = if kind == Kind::Layer {
@@ -186,12 +190,12 @@ fn norm_vjp(kind: Kind, t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Optio
     let dx = t.mul(inner, r)?;
     let mut grads = vec![Some(dx)];
     if let Some(&w) = a.inputs.get(1) {
-        let shape = t.ty(w).shape;
+        let shape = t.ty(w)?.shape;
         let gx = t.mul(g, xhat)?;
         grads.push(Some(t.sum_to(gx, &shape)?));
     }
     if let Some(&bias) = a.inputs.get(2) {
-        let shape = t.ty(bias).shape;
+        let shape = t.ty(bias)?.shape;
         grads.push(Some(t.sum_to(g, &shape)?));
     }
     Ok(grads)

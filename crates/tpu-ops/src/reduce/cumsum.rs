@@ -85,7 +85,7 @@ fn cumsum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 
 /// The gradient is the suffix sum: `sum(g) - cumsum(g) + g`.
 fn cumsum_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let x = t.ty(a.inputs[0]);
+    let x = t.ty(a.inputs[0])?;
     if !x.dtype.is_float() {
         return Ok(vec![None]);
     }

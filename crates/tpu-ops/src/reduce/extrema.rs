@@ -65,7 +65,7 @@ fn extreme_ref(x: &HostTensor, attrs: &Attrs, largest: bool) -> OpResult<HostTen
 /// The gradient goes to the extreme values, split evenly between ties.
 fn extreme_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
-    let x = t.ty(xv);
+    let x = t.ty(xv)?;
     if !x.dtype.is_float() {
         return Ok(vec![None]);
     }

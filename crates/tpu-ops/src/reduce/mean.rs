@@ -47,7 +47,7 @@ fn mean_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor>
 }
 
 fn mean_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let x = t.ty(a.inputs[0]);
+    let x = t.ty(a.inputs[0])?;
     let (dims, _) = reduce_args(&x.shape, a.attrs)?;
     let g = unreduce(t, a.grads[0], &x.shape, &dims)?;
     let n = count(x.shape.dims(), &dims) as f64;
@@ -109,7 +109,7 @@ fn prod_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor>
 /// and 0 everywhere else.
 fn prod_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
-    let x = t.ty(xv);
+    let x = t.ty(xv)?;
     if !x.dtype.is_float() {
         return Ok(vec![None]);
     }

@@ -93,7 +93,7 @@ fn moment_ref(x: &HostTensor, attrs: &Attrs, sqrt: bool) -> OpResult<HostTensor>
 /// d var / dx = 2 (x - mean) / divisor; d std = d var / (2 std).
 fn moment_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, sqrt: bool) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
-    let x = t.ty(xv);
+    let x = t.ty(xv)?;
     let (dims, _) = reduce_args(&x.shape, a.attrs)?;
     let dv = divisor(count(x.shape.dims(), &dims), correction(a.attrs)?);
     let mean = reduce_call(t, "mean", xv, &dims, true)?;

@@ -46,7 +46,7 @@ fn logsumexp_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 
 fn logsumexp_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
-    let x = t.ty(xv);
+    let x = t.ty(xv)?;
     if !x.dtype.is_float() {
         return Ok(vec![None]);
     }
@@ -121,7 +121,7 @@ fn softmax_ref(x: &HostTensor, attrs: &Attrs, log: bool) -> OpResult<HostTensor>
 
 /// softmax: `y * (g - sum(g * y))`; log_softmax: `g - exp(y) * sum(g)`.
 fn softmax_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, log: bool) -> OpResult<Vec<Option<Var>>> {
-    let x = t.ty(a.inputs[0]);
+    let x = t.ty(a.inputs[0])?;
     let dims = softmax_dims(x.shape.rank(), a.attrs)?;
     let (y, g) = (a.outputs[0], a.grads[0]);
     let grad = if log {

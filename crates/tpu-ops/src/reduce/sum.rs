@@ -100,7 +100,7 @@ inventory::submit! {
         lower: |b, x, attrs| Ok(vec![lower_sum(b, &x[0], attrs)?]),
         reference: |x, attrs| Ok(vec![sum_ref(one(x)?, attrs)?]),
         vjp: Some(|t, a| {
-            let x = t.ty(a.inputs[0]);
+            let x = t.ty(a.inputs[0])?;
             let (dims, _) = reduce_args(&x.shape, a.attrs)?;
             let kept = reduced_shape(&x.shape, &dims, true);
             let g = t.reshape(a.grads[0], &kept)?;

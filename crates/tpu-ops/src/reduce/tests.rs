@@ -186,5 +186,8 @@ fn gradients_of_reductions() {
     };
     let vjp = def.vjp.unwrap();
     let g = vjp(&mut tape as &mut dyn Tape, &args).unwrap();
-    assert_eq!(values(tape.value(g[0].unwrap())), vec![0.0, 6.0, 0.0]);
+    assert_eq!(
+        values(tape.value(g[0].unwrap()).unwrap()),
+        vec![0.0, 6.0, 0.0]
+    );
 }
