@@ -242,13 +242,13 @@ impl CompileCache {
     }
 }
 
-impl Default for CompileCache {
+impl CompileCache {
     /// 1024 executables in memory, plus the disk tier the environment
     /// selects ([`DiskCache::from_env`]).
-    fn default() -> CompileCache {
-        match DiskCache::from_env() {
+    pub fn from_env() -> Result<CompileCache> {
+        Ok(match DiskCache::from_env()? {
             Some(disk) => CompileCache::with_disk(1024, disk),
             None => CompileCache::new(1024),
-        }
+        })
     }
 }

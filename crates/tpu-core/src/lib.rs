@@ -31,6 +31,7 @@ pub mod pjrt;
 pub mod policy;
 mod runtime;
 pub mod scalars;
+pub mod settings;
 mod shape;
 pub mod stablehlo;
 mod tensor;

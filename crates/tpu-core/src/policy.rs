@@ -46,11 +46,12 @@ impl EagerMode {
     }
 
     fn read_env() -> Result<EagerMode> {
-        match std::env::var("TPU_RS_EAGER") {
-            Err(_) => Ok(EagerMode::Strict),
-            Ok(v) if v.is_empty() => Ok(EagerMode::Strict),
-            Ok(v) => v.parse(),
-        }
+        EagerMode::from_lookup(&crate::settings::env)
+    }
+
+    /// The mode `TPU_RS_EAGER` names in `get` (`strict` when unset).
+    pub fn from_lookup(get: crate::settings::Lookup<'_>) -> Result<EagerMode> {
+        get("TPU_RS_EAGER")?.map_or(Ok(EagerMode::Strict), |v| v.parse())
     }
 }
 
@@ -67,10 +68,11 @@ impl FromStr for EagerMode {
             "strict" => Ok(EagerMode::Strict),
             "debug" => Ok(EagerMode::Debug),
             "defer_and_fuse" | "defer-and-fuse" | "deferandfuse" => Ok(EagerMode::DeferAndFuse),
-            _ => Err(Error::InvalidOption {
-                option: "TPU_RS_EAGER",
-                reason: format!("unknown eager mode `{s}`; use strict, debug or defer_and_fuse"),
-            }),
+            _ => Err(crate::settings::invalid(
+                "TPU_RS_EAGER",
+                s,
+                "is not an eager mode; use strict, debug or defer_and_fuse",
+            )),
         }
     }
 }
@@ -136,8 +138,9 @@ pub trait ExecutionPolicy: Send + Sync {
 pub struct PolicyFactory {
     /// The mode it implements.
     pub mode: EagerMode,
-    /// Creates a fresh instance (one per thread).
-    pub create: fn() -> Arc<dyn ExecutionPolicy>,
+    /// Creates a fresh instance (one per thread), or says which of its
+    /// settings is malformed.
+    pub create: fn() -> Result<Arc<dyn ExecutionPolicy>>,
 }
 
 inventory::collect!(PolicyFactory);
@@ -157,7 +160,7 @@ pub fn new_policy(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
             option: "TPU_RS_EAGER",
             reason: format!("no `{mode}` policy is linked in (the tpu-eager crate provides them)"),
         })?;
-    Ok((factory.create)())
+    (factory.create)()
 }
 
 /// This thread's instance of `mode`.

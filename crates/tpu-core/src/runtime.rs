@@ -21,7 +21,7 @@ impl Runtime {
     pub fn new(plugin: &'static Plugin, options: &ClientOptions) -> Result<Runtime> {
         Ok(Runtime {
             client: Client::new(plugin, options)?,
-            cache: CompileCache::default(),
+            cache: CompileCache::from_env()?,
         })
     }
 
@@ -94,16 +94,5 @@ impl Runtime {
 }
 
 fn cpu_devices_from_env() -> Result<Option<usize>> {
-    match std::env::var("TPU_RS_CPU_DEVICES") {
-        Err(_) => Ok(None),
-        Ok(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .map(Some)
-            .ok_or_else(|| Error::InvalidOption {
-                option: "cpu_device_count",
-                reason: format!("TPU_RS_CPU_DEVICES must be a positive integer, got `{v}`"),
-            }),
-    }
+    crate::settings::count(&crate::settings::env, "TPU_RS_CPU_DEVICES")
 }

@@ -7,6 +7,7 @@ use tpu_core::host::{HostData, assert_close};
 use tpu_core::metrics::CutReason;
 use tpu_core::op::run_reference;
 use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::settings::{self, Lookup};
 use tpu_core::{Error, Result, Tensor};
 
 use crate::Strict;
@@ -22,13 +23,18 @@ pub struct DebugChecks {
 
 impl DebugChecks {
     /// From `TPU_RS_DEBUG_CHECKS`: a comma-separated list of `nan`, `parity`.
-    pub fn from_env() -> DebugChecks {
-        let list = std::env::var("TPU_RS_DEBUG_CHECKS").unwrap_or_default();
-        let has = |name: &str| list.split(',').any(|s| s.trim() == name);
-        DebugChecks {
-            nan: has("nan"),
-            parity: has("parity"),
-        }
+    pub fn from_env() -> Result<DebugChecks> {
+        DebugChecks::from_lookup(&settings::env)
+    }
+
+    /// From `TPU_RS_DEBUG_CHECKS` as `get` gives it; an unknown check is an
+    /// error naming the variable.
+    pub fn from_lookup(get: Lookup<'_>) -> Result<DebugChecks> {
+        let checks = settings::list(get, "TPU_RS_DEBUG_CHECKS", &["nan", "parity"])?;
+        Ok(DebugChecks {
+            nan: checks.contains(&"nan"),
+            parity: checks.contains(&"parity"),
+        })
     }
 }
 
@@ -57,8 +63,8 @@ impl Debug {
     }
 
     /// Debug with the checks `TPU_RS_DEBUG_CHECKS` names.
-    pub fn from_env() -> Debug {
-        Debug::new(DebugChecks::from_env())
+    pub fn from_env() -> Result<Debug> {
+        Ok(Debug::new(DebugChecks::from_env()?))
     }
 
     fn check(&self, call: &OpCall<'_>, outputs: &[Tensor]) -> Result<()> {

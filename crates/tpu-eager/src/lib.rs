@@ -23,13 +23,22 @@ pub use strict::Strict;
 use tpu_core::policy::{EagerMode, ExecutionPolicy, PolicyFactory};
 
 inventory::submit! {
-    PolicyFactory { mode: EagerMode::Strict, create: || Arc::new(Strict::new()) as Arc<dyn ExecutionPolicy> }
+    PolicyFactory {
+        mode: EagerMode::Strict,
+        create: || Ok(Arc::new(Strict::new()) as Arc<dyn ExecutionPolicy>),
+    }
 }
 inventory::submit! {
-    PolicyFactory { mode: EagerMode::Debug, create: || Arc::new(Debug::from_env()) as Arc<dyn ExecutionPolicy> }
+    PolicyFactory {
+        mode: EagerMode::Debug,
+        create: || Ok(Arc::new(Debug::from_env()?) as Arc<dyn ExecutionPolicy>),
+    }
 }
 inventory::submit! {
-    PolicyFactory { mode: EagerMode::DeferAndFuse, create: || DeferAndFuse::new(DeferConfig::from_env()) as Arc<dyn ExecutionPolicy> }
+    PolicyFactory {
+        mode: EagerMode::DeferAndFuse,
+        create: || Ok(DeferAndFuse::new(DeferConfig::from_env()?) as Arc<dyn ExecutionPolicy>),
+    }
 }
 
 /// References this crate (and the op kernels) so their records are linked.

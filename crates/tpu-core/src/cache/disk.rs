@@ -6,8 +6,14 @@
 //! off) and `TPU_RS_CACHE_MAX_BYTES` sets the cap.
 
 use std::hash::{Hash, Hasher};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::settings;
 
 /// The default cap on the folder's size.
 const DEFAULT_MAX_BYTES: u64 = 2 << 30;
@@ -15,7 +21,12 @@ const DEFAULT_MAX_BYTES: u64 = 2 << 30;
 /// File extension of cache entries; nothing else in the folder is touched.
 const EXTENSION: &str = "pjrt";
 
-/// A folder of serialized executables.
+/// First bytes of every entry, naming its layout.
+const MAGIC: &[u8; 8] = b"tpurs-x1";
+
+/// A folder of serialized executables. Loading one runs its code, so the
+/// folder must be this user's alone, and every entry carries a checksum
+/// that is verified before its bytes reach the plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskCache {
     dir: PathBuf,
@@ -23,30 +34,57 @@ pub struct DiskCache {
 }
 
 impl DiskCache {
-    /// A cache in `dir` holding at most `max_bytes` of entries.
-    pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> DiskCache {
-        DiskCache {
-            dir: dir.into(),
-            max_bytes,
+    /// A cache in `dir` holding at most `max_bytes` of entries. Creates the
+    /// folder (mode 0700) if needed; refuses one that another user owns or
+    /// that others can write to.
+    pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> Result<DiskCache> {
+        let dir = dir.into();
+        let unsafe_dir = |reason: String| Error::UnsafeCacheDir {
+            dir: dir.clone(),
+            reason,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| unsafe_dir(format!("cannot create it: {e}")))?;
+        let meta = std::fs::metadata(&dir).map_err(|e| unsafe_dir(e.to_string()))?;
+        if !meta.is_dir() {
+            return Err(unsafe_dir("it is not a folder".into()));
         }
+        if let Some(me) = current_uid()
+            && meta.uid() != me
+        {
+            return Err(unsafe_dir(format!(
+                "it belongs to user {}, not to this process's user {me}",
+                meta.uid()
+            )));
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(unsafe_dir(format!(
+                "other users can write to it (mode {:o})",
+                mode & 0o777
+            )));
+        }
+        Ok(DiskCache { dir, max_bytes })
     }
 
     /// The folder the environment selects: `TPU_RS_CACHE_DIR` when set
     /// (empty: no disk tier), else `tpu-rs/executables` under
     /// `$XDG_CACHE_HOME` or `~/.cache`; capped by `TPU_RS_CACHE_MAX_BYTES`.
-    pub fn from_env() -> Option<DiskCache> {
+    pub fn from_env() -> Result<Option<DiskCache>> {
         let dir = match std::env::var_os("TPU_RS_CACHE_DIR") {
-            Some(dir) if dir.is_empty() => return None,
+            Some(dir) if dir.is_empty() => return Ok(None),
             Some(dir) => PathBuf::from(dir),
-            None => crate::pjrt::discovery::user_cache_dir()?
-                .join("tpu-rs")
-                .join("executables"),
+            None => match crate::pjrt::discovery::user_cache_dir() {
+                Some(dir) => dir.join("tpu-rs").join("executables"),
+                None => return Ok(None),
+            },
         };
-        let max_bytes = std::env::var("TPU_RS_CACHE_MAX_BYTES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_MAX_BYTES);
-        Some(DiskCache::new(dir, max_bytes))
+        let max_bytes =
+            settings::bytes(&settings::env, "TPU_RS_CACHE_MAX_BYTES")?.unwrap_or(DEFAULT_MAX_BYTES);
+        DiskCache::open(dir, max_bytes).map(Some)
     }
 
     /// The folder.
@@ -60,35 +98,33 @@ impl DiskCache {
     }
 
     /// The entry stored under `identity` (the exact text naming a program,
-    /// its options and its plugin), marked as just used.
+    /// its options and its plugin), marked as just used. A missing, stale,
+    /// truncated or corrupt entry is a miss.
     pub fn load(&self, identity: &str) -> Option<Vec<u8>> {
         let path = self.path(identity);
-        let bytes = std::fs::read(&path).ok()?;
-        // Layout: identity length (u64 LE), identity, executable bytes. A
-        // hash collision or a stale file fails the identity check.
-        let len = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
-        let stored = bytes.get(8..8usize.checked_add(len)?)?;
-        if stored != identity.as_bytes() {
-            return None;
-        }
+        let file = std::fs::read(&path).ok()?;
+        let executable = decode_entry(identity, &file)?.to_vec();
         // The modification time is the entry's last use, for eviction.
         if let Ok(file) = std::fs::File::open(&path) {
             let _ = file.set_modified(SystemTime::now());
         }
-        Some(bytes[8 + len..].to_vec())
+        Some(executable)
     }
 
     /// Stores `executable` under `identity`, then evicts the least recently
     /// used entries until the folder fits its cap.
     pub fn store(&self, identity: &str, executable: &[u8]) -> std::io::Result<()> {
         let path = self.path(identity);
-        std::fs::create_dir_all(&self.dir)?;
-        let mut data = (identity.len() as u64).to_le_bytes().to_vec();
-        data.extend_from_slice(identity.as_bytes());
-        data.extend_from_slice(executable);
         // Write then rename, so a concurrent reader never sees half a file.
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, data)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut file, &encode_entry(identity, executable))?;
+        drop(file);
         std::fs::rename(&tmp, &path)?;
         self.evict(&path)
     }
@@ -129,6 +165,38 @@ impl DiskCache {
     }
 }
 
+/// An entry's bytes: magic, identity length (u64 LE), identity, SHA-256 of
+/// the executable, executable.
+pub fn encode_entry(identity: &str, executable: &[u8]) -> Vec<u8> {
+    let mut data = MAGIC.to_vec();
+    data.extend_from_slice(&(identity.len() as u64).to_le_bytes());
+    data.extend_from_slice(identity.as_bytes());
+    data.extend_from_slice(&Sha256::digest(executable));
+    data.extend_from_slice(executable);
+    data
+}
+
+/// The executable in an entry's bytes, if they are an intact entry for
+/// `identity` (a hash collision or a stale file fails the identity check,
+/// a truncated or altered one the checksum).
+pub fn decode_entry<'a>(identity: &str, file: &'a [u8]) -> Option<&'a [u8]> {
+    let rest = file.strip_prefix(MAGIC)?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+    let stored = rest.get(..len)?;
+    if stored != identity.as_bytes() {
+        return None;
+    }
+    let (checksum, executable) = rest[len..].split_first_chunk::<32>()?;
+    (Sha256::digest(executable).as_slice() == checksum).then_some(executable)
+}
+
+/// The user this process runs as: the owner of `/proc/self`, where Linux
+/// shows it (elsewhere the ownership check is skipped).
+fn current_uid() -> Option<u32> {
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,7 +210,7 @@ mod tests {
     #[test]
     fn entries_round_trip_and_other_identities_miss() {
         let dir = scratch("round-trip");
-        let cache = DiskCache::new(&dir, 1 << 20);
+        let cache = DiskCache::open(&dir, 1 << 20).unwrap();
         cache.store("program a", b"bytes of a").unwrap();
         assert_eq!(cache.load("program a").as_deref(), Some(&b"bytes of a"[..]));
         assert_eq!(cache.load("program b"), None);
@@ -154,7 +222,7 @@ mod tests {
         let dir = scratch("evict");
         let entry = vec![7u8; 1000];
         // Room for about three entries (each is the payload plus a header).
-        let cache = DiskCache::new(&dir, 3500);
+        let cache = DiskCache::open(&dir, 3500).unwrap();
         let age = |name: &str, secs: u64| {
             let file = std::fs::File::open(cache.path(name)).unwrap();
             let when = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
@@ -177,11 +245,72 @@ mod tests {
     #[test]
     fn an_entry_larger_than_the_cap_is_kept_alone() {
         let dir = scratch("huge");
-        let cache = DiskCache::new(&dir, 10);
+        let cache = DiskCache::open(&dir, 10).unwrap();
         cache.store("small", b"x").unwrap();
         cache.store("huge", &[0u8; 100]).unwrap();
         assert!(cache.load("huge").is_some());
         assert!(cache.load("small").is_none());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn truncated_altered_and_old_entries_are_misses() {
+        let dir = scratch("corrupt");
+        let cache = DiskCache::open(&dir, 1 << 20).unwrap();
+        cache.store("p", b"executable bytes").unwrap();
+        let good = std::fs::read(cache.path("p")).unwrap();
+        let mut altered = good.clone();
+        *altered.last_mut().unwrap() ^= 1;
+        let mut old_layout = 1u64.to_le_bytes().to_vec();
+        old_layout.extend_from_slice(b"pexecutable bytes");
+        for bad in [
+            &good[..good.len() - 1],
+            &good[..20],
+            &altered[..],
+            &old_layout[..],
+            &[],
+        ] {
+            std::fs::write(cache.path("p"), bad).unwrap();
+            assert_eq!(cache.load("p"), None);
+        }
+        std::fs::write(cache.path("p"), &good).unwrap();
+        assert_eq!(cache.load("p").as_deref(), Some(&b"executable bytes"[..]));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_folder_is_private_and_others_folders_are_refused() {
+        let dir = scratch("private");
+        DiskCache::open(&dir, 1 << 20).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = DiskCache::open(&dir, 1 << 20).unwrap_err().to_string();
+        assert!(
+            err.contains("other users can write") && err.contains("TPU_RS_CACHE_DIR"),
+            "{err}"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        DiskCache::open(&dir, 1 << 20).unwrap();
+        // Handing the folder to another user needs root; CI runs as root.
+        if current_uid() == Some(0) {
+            std::os::unix::fs::chown(&dir, Some(4242), None).unwrap();
+            let err = DiskCache::open(&dir, 1 << 20).unwrap_err().to_string();
+            assert!(err.contains("belongs to user 4242"), "{err}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn entries_are_readable_by_their_owner_only() {
+        let dir = scratch("entry-mode");
+        let cache = DiskCache::open(&dir, 1 << 20).unwrap();
+        cache.store("p", b"x").unwrap();
+        let mode = std::fs::metadata(cache.path("p"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

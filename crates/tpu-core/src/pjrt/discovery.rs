@@ -276,9 +276,7 @@ pub fn resolve_plugin(spec: &str) -> Result<PathBuf> {
 /// present, else a CUDA plugin when a GPU is present and one is installed,
 /// else the first CPU plugin installed (`jax-cpu`, then `xla-cpu`).
 pub fn default_plugin() -> Result<PathBuf> {
-    if let Ok(spec) = std::env::var("TPU_RS_PLUGIN")
-        && !spec.is_empty()
-    {
+    if let Some(spec) = crate::settings::env("TPU_RS_PLUGIN")? {
         return resolve_plugin(&spec);
     }
     if tpu_present()

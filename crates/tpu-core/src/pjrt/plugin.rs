@@ -77,6 +77,12 @@ impl Plugin {
         if file_name.contains("libtpu") {
             prepare_libtpu_env();
         }
+        if let Some(warning) = writable_by_others(&path) {
+            // Shown whether or not a tracing subscriber is installed: the
+            // plugin runs as this process.
+            eprintln!("tpu-rs: warning: {warning}");
+            tracing::warn!("{warning}");
+        }
         // SAFETY: loading a shared library runs its initialisers; PJRT plugins
         // are built to be dlopen'ed. The library is leaked with the plugin, so
         // nothing it hands out ever dangles.
@@ -186,6 +192,31 @@ impl std::fmt::Debug for Plugin {
 
 /// libtpu queries a cloud metadata server for minutes when it finds no TPU
 /// unless told not to.
+/// Why loading `path` is risky, if it or its folder can be written by
+/// other users (anyone could replace the code this process will run).
+pub(crate) fn writable_by_others(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let writable =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o002 != 0);
+    let folder = path.parent().filter(|d| !d.as_os_str().is_empty());
+    // A sticky folder (like /tmp) lets others add files but not replace ours.
+    let sticky =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o1000 != 0);
+    if writable(path) {
+        return Some(format!(
+            "the PJRT plugin {} is writable by every user",
+            path.display()
+        ));
+    }
+    folder.filter(|d| writable(d) && !sticky(d)).map(|dir| {
+        format!(
+            "the PJRT plugin {} is in {}, which every user can write to",
+            path.display(),
+            dir.display()
+        )
+    })
+}
+
 fn prepare_libtpu_env() {
     if std::env::var_os("TPU_SKIP_MDS_QUERY").is_none() {
         // SAFETY: done under the plugin-loading lock, before libtpu starts
@@ -237,5 +268,43 @@ fn named_value(v: &sys::PJRT_NamedValue) -> (String, AttributeValue) {
             _ => AttributeValue::Bool(v.__bindgen_anon_1.bool_value),
         };
         (name, value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn plugins_others_can_replace_are_flagged() {
+        let dir = std::env::temp_dir().join(format!("tpu-rs-plugin-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plugin = dir.join("plugin.so");
+        std::fs::write(&plugin, b"").unwrap();
+        let set = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        set(&dir, 0o755);
+        set(&plugin, 0o644);
+        assert_eq!(writable_by_others(&plugin), None);
+        set(&plugin, 0o666);
+        assert!(
+            writable_by_others(&plugin)
+                .unwrap()
+                .contains("writable by every user")
+        );
+        set(&plugin, 0o644);
+        set(&dir, 0o777);
+        assert!(
+            writable_by_others(&plugin)
+                .unwrap()
+                .contains("every user can write to")
+        );
+        // Sticky, like /tmp: others cannot replace our file.
+        set(&dir, 0o1777);
+        assert_eq!(writable_by_others(&plugin), None);
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -23,6 +23,7 @@ use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
 use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::settings::{self, Lookup};
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
 
 use crate::Strict;
@@ -50,18 +51,21 @@ impl Default for DeferConfig {
 
 impl DeferConfig {
     /// Defaults overridden by `TPU_RS_DEFER_MAX_OPS` and `TPU_RS_DEFER_MAX_BYTES`.
-    pub fn from_env() -> DeferConfig {
-        let read = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-        };
+    pub fn from_env() -> Result<DeferConfig> {
+        DeferConfig::from_lookup(&settings::env)
+    }
+
+    /// [`DeferConfig::from_env`] with the variables `get` gives; a
+    /// malformed one is an error naming it.
+    pub fn from_lookup(get: Lookup<'_>) -> Result<DeferConfig> {
         let d = DeferConfig::default();
-        DeferConfig {
-            max_ops: read("TPU_RS_DEFER_MAX_OPS").unwrap_or(d.max_ops).max(1),
-            max_bytes: read("TPU_RS_DEFER_MAX_BYTES").unwrap_or(d.max_bytes),
+        let max_bytes = settings::bytes(get, "TPU_RS_DEFER_MAX_BYTES")?
+            .map(|b| usize::try_from(b).unwrap_or(usize::MAX));
+        Ok(DeferConfig {
+            max_ops: settings::count(get, "TPU_RS_DEFER_MAX_OPS")?.unwrap_or(d.max_ops),
+            max_bytes: max_bytes.unwrap_or(d.max_bytes),
             ..d
-        }
+        })
     }
 }
 
