@@ -1,9 +1,3 @@
-//! Reading a StableHLO entry signature from arbitrary text never panics.
-#![no_main]
-
-use libfuzzer_sys::fuzz_target;
-use tpu_core::stablehlo::Signature;
-
-fuzz_target!(|text: &str| {
-    let _ = Signature::parse(text);
-});
+//! cargo-fuzz entry for [`tpu_rs_fuzz::signature`]; on stable, replays the files given.
+#![cfg_attr(fuzzing, no_main)]
+tpu_rs_fuzz::target!(signature);

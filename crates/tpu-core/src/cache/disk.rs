@@ -103,7 +103,7 @@ impl DiskCache {
     pub fn load(&self, identity: &str) -> Option<Vec<u8>> {
         let path = self.path(identity);
         let file = std::fs::read(&path).ok()?;
-        let executable = decode_entry(identity, &file)?.to_vec();
+        let executable = DiskCache::decode_entry(identity, &file)?.to_vec();
         // The modification time is the entry's last use, for eviction.
         if let Ok(file) = std::fs::File::open(&path) {
             let _ = file.set_modified(SystemTime::now());
@@ -123,7 +123,7 @@ impl DiskCache {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
-        std::io::Write::write_all(&mut file, &encode_entry(identity, executable))?;
+        std::io::Write::write_all(&mut file, &DiskCache::encode_entry(identity, executable))?;
         drop(file);
         std::fs::rename(&tmp, &path)?;
         self.evict(&path)
@@ -157,38 +157,38 @@ impl DiskCache {
         Ok(())
     }
 
+    /// An entry's bytes: magic, identity length (u64 LE), identity, SHA-256 of
+    /// the executable, executable.
+    pub fn encode_entry(identity: &str, executable: &[u8]) -> Vec<u8> {
+        let mut data = MAGIC.to_vec();
+        data.extend_from_slice(&(identity.len() as u64).to_le_bytes());
+        data.extend_from_slice(identity.as_bytes());
+        data.extend_from_slice(&Sha256::digest(executable));
+        data.extend_from_slice(executable);
+        data
+    }
+
+    /// The executable in an entry's bytes, if they are an intact entry for
+    /// `identity` (a hash collision or a stale file fails the identity check,
+    /// a truncated or altered one the checksum).
+    pub fn decode_entry<'a>(identity: &str, file: &'a [u8]) -> Option<&'a [u8]> {
+        let rest = file.strip_prefix(MAGIC)?;
+        let (len, rest) = rest.split_first_chunk::<8>()?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
+        let stored = rest.get(..len)?;
+        if stored != identity.as_bytes() {
+            return None;
+        }
+        let (checksum, executable) = rest[len..].split_first_chunk::<32>()?;
+        (Sha256::digest(executable).as_slice() == checksum).then_some(executable)
+    }
+
     fn path(&self, identity: &str) -> PathBuf {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         identity.hash(&mut hasher);
         self.dir
             .join(format!("{:016x}.{EXTENSION}", hasher.finish()))
     }
-}
-
-/// An entry's bytes: magic, identity length (u64 LE), identity, SHA-256 of
-/// the executable, executable.
-pub fn encode_entry(identity: &str, executable: &[u8]) -> Vec<u8> {
-    let mut data = MAGIC.to_vec();
-    data.extend_from_slice(&(identity.len() as u64).to_le_bytes());
-    data.extend_from_slice(identity.as_bytes());
-    data.extend_from_slice(&Sha256::digest(executable));
-    data.extend_from_slice(executable);
-    data
-}
-
-/// The executable in an entry's bytes, if they are an intact entry for
-/// `identity` (a hash collision or a stale file fails the identity check,
-/// a truncated or altered one the checksum).
-pub fn decode_entry<'a>(identity: &str, file: &'a [u8]) -> Option<&'a [u8]> {
-    let rest = file.strip_prefix(MAGIC)?;
-    let (len, rest) = rest.split_first_chunk::<8>()?;
-    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
-    let stored = rest.get(..len)?;
-    if stored != identity.as_bytes() {
-        return None;
-    }
-    let (checksum, executable) = rest[len..].split_first_chunk::<32>()?;
-    (Sha256::digest(executable).as_slice() == checksum).then_some(executable)
 }
 
 /// The user this process runs as: the owner of `/proc/self`, where Linux
