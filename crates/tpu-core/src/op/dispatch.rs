@@ -42,7 +42,7 @@ pub fn check_inputs(
             op,
             inputs,
             device,
-            format!("takes {:?} input(s)", op.arity),
+            format!("takes {}, got {}", op.arity, inputs.len()),
         ));
     }
     let outputs =

@@ -49,6 +49,17 @@ pub enum Arity {
     AtLeast(usize),
 }
 
+impl std::fmt::Display for Arity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (prefix, n) = match *self {
+            Arity::Exactly(n) => ("", n),
+            Arity::AtLeast(n) => ("at least ", n),
+        };
+        let noun = if n == 1 { "input" } else { "inputs" };
+        write!(f, "{prefix}{n} {noun}")
+    }
+}
+
 impl Arity {
     /// True when `n` inputs are acceptable.
     pub fn accepts(self, n: usize) -> bool {
