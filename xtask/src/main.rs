@@ -4,7 +4,11 @@
 //! - `cargo xtask run`:   the main job, a small GPT trained on the `tpu` device.
 //! - `cargo xtask test`:  every test, on two CPU plugins and libtpu, with
 //!   PyTorch (in `.venv`) as the oracle where tests compare against it; then
-//!   the PyTorch bridge's wheel, built with maturin, under pytest.
+//!   the PyTorch bridge's wheel, built with maturin, under pytest. The fuzz
+//!   targets run among the tests, each for a bounded time.
+//! - `cargo xtask soak [--steps N]`: the long runs (10,000 steps by
+//!   default): the GPT under Strict and DeferAndFuse, then a PyTorch MLP on
+//!   `tpu` in both modes, each printing device bytes, programs and RSS.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -58,8 +62,11 @@ fn main() -> ExitCode {
         "test" => setup(TEST_PLUGINS)
             .and_then(|()| python_env())
             .and_then(|()| test()),
+        "soak" => setup(&[DEFAULT_PLUGIN])
+            .and_then(|()| python_env())
+            .and_then(|()| soak(std::env::args().skip(2).collect())),
         _ => {
-            eprintln!("usage: cargo xtask setup|run|test");
+            eprintln!("usage: cargo xtask setup|run|test|soak [--steps N]");
             return ExitCode::from(2);
         }
     };
@@ -123,9 +130,8 @@ fn pip_install() -> Command {
     cmd
 }
 
-/// Builds the bridge's wheel with maturin, installs it into the venv and
-/// runs its pytest suite (PyTorch CPU as the oracle).
-fn bridge_tests() -> Result<(), String> {
+/// Builds the bridge's wheel with maturin and installs it into the venv.
+fn install_bridge() -> Result<(), String> {
     let wheels = "target/wheels";
     let _ = std::fs::remove_dir_all(wheels);
     run(Command::new(format!("{VENV}/bin/maturin"))
@@ -140,7 +146,12 @@ fn bridge_tests() -> Result<(), String> {
         .ok_or_else(|| format!("maturin left no wheel in {wheels}"))?;
     run(pip_install()
         .args(["--no-deps", "--force-reinstall"])
-        .arg(&wheel))?;
+        .arg(&wheel))
+}
+
+/// Installs the bridge and runs its pytest suite (PyTorch CPU as the oracle).
+fn bridge_tests() -> Result<(), String> {
+    install_bridge()?;
     let status = Command::new(venv_python())
         .args(["-m", "pytest", "-q", "-rs", &format!("{BRIDGE}/tests")])
         .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN)
@@ -183,6 +194,24 @@ fn test() -> Result<(), String> {
         .args(["--test", "sharding", "--test", "deferred"])
         .env("TPU_RS_PLUGIN", "xla-cpu"))?;
     bridge_tests()
+}
+
+/// The long runs: the GPT soak bench, then the bridge's MLP soak in each
+/// mode. `args` (e.g. `--steps 2000`) go to both.
+fn soak(args: Vec<String>) -> Result<(), String> {
+    run(cargo()
+        .args(["bench", "-p", "tpu-rs", "--bench", "soak", "--"])
+        .args(&args)
+        .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN))?;
+    install_bridge()?;
+    for mode in ["strict", "defer_and_fuse"] {
+        run(Command::new(venv_python())
+            .arg(format!("{BRIDGE}/benches/soak.py"))
+            .args(&args)
+            .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN)
+            .env("TPU_RS_EAGER", mode))?;
+    }
+    Ok(())
 }
 
 /// protoc (with its well-known types) and libclang, through apt-get when missing (as root), else a clear
