@@ -237,7 +237,10 @@ def interrupt(env, after_line, delay=0.0, timeout=120, exit_within=10):
     """Starts TRAIN_FOREVER, sends SIGINT ``delay`` seconds after it has
     printed ``after_line`` and returns (returncode, stdout lines, stderr)."""
     code = f"import sys; sys.path.insert(0, {str(BENCHES)!r})\n" + textwrap.dedent(TRAIN_FOREVER)
+    # SIGINT at its default action in the child: a shell that starts this
+    # suite in the background ignores it, and children inherit that.
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             stderr=subprocess.PIPE, text=True)
     lines, seen = queue.Queue(), []
     reader = threading.Thread(target=lambda: [lines.put(l.strip()) for l in proc.stdout], daemon=True)

@@ -7,7 +7,8 @@ use std::sync::OnceLock;
 use half::{bf16, f16};
 use tpu_core::pjrt::discovery;
 use tpu_core::{
-    Arg, Client, ClientOptions, CompileCache, CompileOptions, DType, Element, Error, Plugin,
+    Arg, Client, ClientOptions, CompileCache, CompileOptions, DType, DiskCache, Element, Error,
+    Plugin,
 };
 
 fn plugin() -> &'static Plugin {
@@ -280,6 +281,54 @@ fn cache_evicts_the_least_recently_used() {
     cache.get_or_compile(c, MATMUL_TANH, &opts).unwrap();
     let stats = cache.stats();
     assert_eq!((stats.compiles, stats.evictions, stats.hits), (3, 2, 0));
+}
+
+/// MATMUL_TANH on fixed inputs through `exe`.
+fn matmul_tanh_values(c: &Client, exe: &tpu_core::Executable) -> Vec<f32> {
+    let a = c.buffer_from_slice(&[1.0f32, 2.0, 3.0, -1.0, 0.5, 0.25], [2, 3], 0);
+    let b = c.buffer_from_slice(&[0.1f32, -0.2, 0.3, 0.4, -0.5, 0.6], [3, 2], 0);
+    let bias = c.buffer_from_slice(&[0.05f32, -0.1, 0.2, 0.0], [2, 2], 0);
+    let out = exe
+        .run(&[&a.unwrap(), &b.unwrap(), &bias.unwrap()])
+        .unwrap();
+    out[0].to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn damaged_disk_entries_are_recompiled_and_rewritten() {
+    let c = client(1);
+    if !c.plugin().serializes_safely() {
+        return; // this plugin keeps no disk tier
+    }
+    let dir = std::env::temp_dir().join(format!("tpu-rs-damaged-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = CompileOptions::default();
+    let fresh = || CompileCache::with_disk(8, DiskCache::open(&dir, 1 << 30).unwrap());
+    let first = fresh();
+    let want = matmul_tanh_values(c, &first.get_or_compile(c, MATMUL_TANH, &opts).unwrap());
+    let entry = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let good = std::fs::read(&entry).unwrap();
+    let mut flipped = good.clone();
+    let middle = good.len() / 2;
+    flipped[middle] ^= 0x40;
+    for damaged in [&good[..middle], &flipped[..], &[][..]] {
+        std::fs::write(&entry, damaged).unwrap();
+        let cache = fresh();
+        let exe = cache.get_or_compile(c, MATMUL_TANH, &opts).unwrap();
+        assert_eq!((cache.stats().compiles, cache.stats().disk_hits), (1, 0));
+        assert_eq!(matmul_tanh_values(c, &exe), want);
+        // The recompiled executable replaced the damaged entry.
+        let next = fresh();
+        let exe = next.get_or_compile(c, MATMUL_TANH, &opts).unwrap();
+        assert_eq!((next.stats().compiles, next.stats().disk_hits), (0, 1));
+        assert_eq!(matmul_tanh_values(c, &exe), want);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // ---- Bad input: typed errors, never an abort. ----

@@ -17,18 +17,16 @@ use tpu_rs::nn::{Linear, Module, ParamStore, mse};
 use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
 
-/// This binary again, running only the child role `role`.
+/// This binary again, running only the child role `role`. It starts with
+/// SIGINT at its default action: a shell that runs the suite in the
+/// background ignores SIGINT, and children inherit that.
 fn child(role: &str) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
-    cmd.args([
-        role,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
-    .env("TPU_RS_RELIABILITY_CHILD", role);
+    let mut cmd = Command::new("env");
+    cmd.arg("--default-signal=INT")
+        .arg(std::env::current_exe().expect("the test binary"))
+        .args([role, "--exact", "--ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env("TPU_RS_RELIABILITY_CHILD", role);
     cmd
 }
 
