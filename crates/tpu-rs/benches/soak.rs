@@ -125,7 +125,12 @@ fn verdict(rows: &[Sample], warmup: usize) -> String {
     }
     let top = after.iter().map(|r| r.rss).max().unwrap_or(0);
     if top as f64 > base.rss as f64 * (1.0 + RSS_TOLERANCE) {
-        grew.push(format!("rss {} -> max {top} bytes", base.rss));
+        let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+        grew.push(format!(
+            "rss {:.1} -> max {:.1} MiB",
+            mib(base.rss),
+            mib(top)
+        ));
     }
     if grew.is_empty() {
         "flat".to_string()
