@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use tpu_core::settings::{self, invalid};
 use tpu_core::{Error, Result};
 
 /// torch's default process-group timeout.
@@ -45,12 +46,12 @@ impl JobOptions {
 
     fn from_env_with(rank: usize, world_size: usize) -> Result<JobOptions> {
         if world_size == 0 {
-            return Err(invalid("WORLD_SIZE", "0".into(), "must be at least 1"));
+            return Err(invalid("WORLD_SIZE", "0", "must be at least 1"));
         }
         if rank >= world_size {
             return Err(invalid(
                 "RANK",
-                rank.to_string(),
+                &rank.to_string(),
                 &format!("must be below WORLD_SIZE ({world_size})"),
             ));
         }
@@ -87,7 +88,7 @@ fn store_port() -> Result<u16> {
     port.checked_add(1).ok_or_else(|| {
         invalid(
             "MASTER_PORT",
-            port.to_string(),
+            &port.to_string(),
             "leaves no port above it for the tpu-dist store under torchrun",
         )
     })
@@ -95,43 +96,27 @@ fn store_port() -> Result<u16> {
 
 /// `TPU_DIST_TIMEOUT` (seconds, fractions allowed), or the default.
 pub fn timeout_from_env() -> Result<Duration> {
-    let Some(text) = std::env::var("TPU_DIST_TIMEOUT")
-        .ok()
-        .filter(|t| !t.is_empty())
-    else {
+    let Some(text) = settings::env("TPU_DIST_TIMEOUT")? else {
         return Ok(DEFAULT_TIMEOUT);
     };
     match text.trim().parse::<f64>() {
         Ok(s) if s > 0.0 && s.is_finite() && s < 1e9 => Ok(Duration::from_secs_f64(s)),
         _ => Err(invalid(
             "TPU_DIST_TIMEOUT",
-            text,
+            &text,
             "must be a positive number of seconds",
         )),
     }
 }
 
-fn invalid(variable: &'static str, value: String, why: &str) -> Error {
-    Error::InvalidOption {
-        option: variable,
-        reason: format!("`{value}` {why}"),
-    }
-}
-
 fn optional<T: std::str::FromStr>(variable: &'static str) -> Result<Option<T>> {
-    match std::env::var(variable) {
-        Ok(text) if !text.is_empty() => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| invalid(variable, text, "is not a valid number")),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(invalid(
-            variable,
-            v.to_string_lossy().into_owned(),
-            "is not UTF-8",
-        )),
-    }
+    settings::env(variable)?
+        .map(|text| {
+            text.trim()
+                .parse()
+                .map_err(|_| invalid(variable, &text, "is not a valid number"))
+        })
+        .transpose()
 }
 
 fn required<T: std::str::FromStr>(variable: &'static str) -> Result<T> {
