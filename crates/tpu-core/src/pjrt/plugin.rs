@@ -190,33 +190,31 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
-/// libtpu queries a cloud metadata server for minutes when it finds no TPU
-/// unless told not to.
 /// Why loading `path` is risky, if it or its folder can be written by
 /// other users (anyone could replace the code this process will run).
 pub(crate) fn writable_by_others(path: &Path) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
-    let writable =
-        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o002 != 0);
-    let folder = path.parent().filter(|d| !d.as_os_str().is_empty());
-    // A sticky folder (like /tmp) lets others add files but not replace ours.
-    let sticky =
-        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o1000 != 0);
-    if writable(path) {
+    let mode = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.permissions().mode());
+    if mode(path) & 0o002 != 0 {
         return Some(format!(
             "the PJRT plugin {} is writable by every user",
             path.display()
         ));
     }
-    folder.filter(|d| writable(d) && !sticky(d)).map(|dir| {
+    // A sticky folder (like /tmp) lets others add files but not replace ours.
+    let folder = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let folder_mode = mode(folder);
+    (folder_mode & 0o002 != 0 && folder_mode & 0o1000 == 0).then(|| {
         format!(
             "the PJRT plugin {} is in {}, which every user can write to",
             path.display(),
-            dir.display()
+            folder.display()
         )
     })
 }
 
+/// libtpu queries a cloud metadata server for minutes when it finds no TPU
+/// unless told not to.
 fn prepare_libtpu_env() {
     if std::env::var_os("TPU_SKIP_MDS_QUERY").is_none() {
         // SAFETY: done under the plugin-loading lock, before libtpu starts
