@@ -24,13 +24,7 @@ use tpu_rs::optim::{AdamW, CosineSchedule, Optimizer, clip_grad_norm};
 use tpu_rs::prelude::*;
 use tpu_rs::{Result, no_grad};
 
-const CONFIG: GptConfig = GptConfig {
-    vocab_size: 256,
-    block_size: 64,
-    n_layer: 2,
-    n_head: 4,
-    n_embd: 64,
-};
+const CONFIG: GptConfig = GptConfig::tiny();
 const BATCH: usize = 8;
 
 const USAGE: &str = "\

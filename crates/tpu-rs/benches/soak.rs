@@ -17,13 +17,7 @@ use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
 
 /// The GPT example's model and batch.
-const CONFIG: GptConfig = GptConfig {
-    vocab_size: 256,
-    block_size: 64,
-    n_layer: 2,
-    n_head: 4,
-    n_embd: 64,
-};
+const CONFIG: GptConfig = GptConfig::tiny();
 const BATCH: usize = 8;
 
 /// RSS may move this much (relative) after warm-up and still count as flat.

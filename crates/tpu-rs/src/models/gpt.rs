@@ -21,6 +21,20 @@ pub struct GptConfig {
     pub n_embd: usize,
 }
 
+impl GptConfig {
+    /// The small model the `gpt` example trains (and the soak bench runs):
+    /// a byte vocabulary, 64-token context, 2 blocks of 4 heads, 64 channels.
+    pub const fn tiny() -> GptConfig {
+        GptConfig {
+            vocab_size: 256,
+            block_size: 64,
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 64,
+        }
+    }
+}
+
 struct Block {
     ln_1: LayerNorm,
     attn: CausalSelfAttention,
