@@ -222,6 +222,7 @@ macro_rules! test_op {
                 tolerance: tpu_core::host::Tolerance::for_dtype,
                 samples: Vec::new,
                 arbitrary: |_| tpu_core::op::Sample::new(vec![], Attrs::new()),
+                torch: tpu_core::op::Torch::Unmatched("a deliberately wrong test kernel"),
                 location: concat!(file!(), ":", line!()),
             }
         }

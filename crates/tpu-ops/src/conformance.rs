@@ -4,7 +4,7 @@
 
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::op::{
-    Attrs, Gen, HostTape, OpDef, Sample, Tape, Var, VjpArgs, run_on_device, run_reference,
+    Attrs, Gen, HostTape, OpDef, Sample, Tape, Torch, Var, VjpArgs, run_on_device, run_reference,
 };
 use tpu_core::{DType, HostBuffer, Result, Runtime};
 
@@ -89,19 +89,41 @@ fn axpy(x: &HostTensor, dir: &HostTensor, eps: f64) -> HostTensor {
     HostTensor::float(DType::F64, &x64 + &(d * eps))
 }
 
-/// Checks `op`'s backward rule on `sample` (float inputs promoted to f64)
-/// against central finite differences of its reference, along one random
-/// direction: `<vjp(g), v> ≈ <g, (f(x + εv) - f(x - εv)) / 2ε>`.
-pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<(), String> {
+/// What [`check_vjp`] did with one case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VjpCheck {
+    /// The backward rule met finite differences.
+    Checked,
+    /// The case could not be checked, and why: the suite counts and lists
+    /// these, so a rule no case reaches is visible.
+    Unchecked(&'static str),
+}
+
+/// One backward case: the inputs (float ones promoted to f64), the
+/// reference's outputs there, random cotangents, and the gradients the
+/// op's backward rule gives for them (`None` for inputs without one).
+#[derive(Clone, Debug)]
+pub struct VjpCase {
+    /// The inputs, float ones in f64.
+    pub inputs: Vec<HostTensor>,
+    /// The reference's outputs at `inputs`.
+    pub outputs: Vec<HostTensor>,
+    /// One cotangent per output (zeros for non-float outputs).
+    pub cotangents: Vec<HostTensor>,
+    /// The backward rule's gradient for each input.
+    pub grads: Vec<Option<HostTensor>>,
+}
+
+/// Runs `op`'s backward rule on `sample` with float inputs promoted to f64
+/// and random cotangents. `Ok(Err(why))` when the case cannot be checked;
+/// `Err` when the reference or the rule fails.
+pub fn vjp_case(
+    op: &OpDef,
+    sample: &Sample,
+    seed: u64,
+) -> std::result::Result<std::result::Result<VjpCase, &'static str>, String> {
     let Some(vjp) = op.vjp else {
-        return Ok(());
-    };
-    let fail = |why: String| {
-        Err(format!(
-            "{} backward: {} — {why}",
-            op.name,
-            describe(sample)
-        ))
+        return Ok(Err("no backward rule"));
     };
     // Promote to f64 and nudge off the low-precision grid, so finite
     // differences never straddle a kink at a representable value.
@@ -119,20 +141,20 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
         })
         .collect();
     if !inputs.iter().any(differentiable) {
-        return Ok(());
+        return Ok(Err("no float input"));
     }
-    let outputs = match run_reference(op, &inputs, &sample.attrs) {
-        Ok(o) => o,
-        Err(e) => return fail(format!("reference failed in f64: {e}")),
-    };
-    // Finite differences need full-precision outputs; an op asked for a
-    // narrower or non-float output (cast to bf16, argmax) is not checked here.
+    let outputs = run_reference(op, &inputs, &sample.attrs)
+        .map_err(|e| format!("reference failed in f64: {e}"))?;
+    // Gradients are checked in full precision; an op asked for a narrower or
+    // non-float output (cast to bf16, argmax) is not checked here.
     if outputs
         .iter()
         .any(|o| o.dtype() != DType::F64 && o.dtype().is_float())
-        || !outputs.iter().any(differentiable)
     {
-        return Ok(());
+        return Ok(Err("output narrower than f64"));
+    }
+    if !outputs.iter().any(differentiable) {
+        return Ok(Err("no float output"));
     }
     let cotangents: Vec<HostTensor> = outputs
         .iter()
@@ -143,10 +165,6 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
                 HostTensor::float(o.dtype(), o.to_f64().mapv(|_| 0.0))
             }
         })
-        .collect();
-    let directions: Vec<Option<HostTensor>> = inputs
-        .iter()
-        .map(|x| differentiable(x).then(|| g.tensor_in(DType::F64, &x.shape(), -1.0, 1.0)))
         .collect();
 
     let mut tape = HostTape::new();
@@ -159,37 +177,69 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
         grads: &grad_vars,
         attrs: &sample.attrs,
     };
-    let grads = match vjp(&mut tape as &mut dyn Tape, &args) {
-        Ok(gs) => gs,
-        Err(e) => return fail(format!("backward rule failed: {e}")),
-    };
-    if grads.len() != inputs.len() {
-        return fail(format!(
+    let grad_vars =
+        vjp(&mut tape as &mut dyn Tape, &args).map_err(|e| format!("backward rule failed: {e}"))?;
+    if grad_vars.len() != inputs.len() {
+        return Err(format!(
             "{} gradients for {} inputs",
-            grads.len(),
+            grad_vars.len(),
             inputs.len()
         ));
     }
-    let mut analytic = 0.0;
-    for ((grad, dir), x) in grads.iter().zip(&directions).zip(&inputs) {
-        match (grad, dir) {
-            (Some(gv), Some(d)) => {
-                let gt = match tape.value(*gv) {
-                    Ok(gt) => gt,
-                    Err(e) => return fail(e),
-                };
-                if gt.ty() != x.ty() {
-                    return fail(format!("gradient {} for input {}", gt.ty(), x.ty()));
-                }
-                analytic += dot(gt, d);
-            }
-            (None, Some(_)) => return fail("no gradient for a float input".into()),
-            _ => {}
+    let mut grads = Vec::with_capacity(inputs.len());
+    for (grad, x) in grad_vars.iter().zip(&inputs) {
+        let grad = match grad {
+            Some(v) => Some(tape.value(*v)?.clone()),
+            None if differentiable(x) => return Err("no gradient for a float input".into()),
+            None => None,
+        };
+        if let Some(gt) = &grad
+            && gt.ty() != x.ty()
+        {
+            return Err(format!("gradient {} for input {}", gt.ty(), x.ty()));
         }
+        grads.push(grad);
     }
+    Ok(Ok(VjpCase {
+        inputs,
+        outputs,
+        cotangents,
+        grads,
+    }))
+}
+
+/// Checks `op`'s backward rule on `sample` (float inputs promoted to f64)
+/// against central finite differences of its reference, along one random
+/// direction: `<vjp(g), v> ≈ <g, (f(x + εv) - f(x - εv)) / 2ε>`.
+pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<VjpCheck, String> {
+    let fail = |why: String| {
+        Err(format!(
+            "{} backward: {} — {why}",
+            op.name,
+            describe(sample)
+        ))
+    };
+    let case = match vjp_case(op, sample, seed) {
+        Ok(Ok(case)) => case,
+        Ok(Err(why)) => return Ok(VjpCheck::Unchecked(why)),
+        Err(e) => return fail(e),
+    };
+    let mut g = Gen::new(seed ^ 0xd1ec);
+    let directions: Vec<Option<HostTensor>> = case
+        .inputs
+        .iter()
+        .map(|x| differentiable(x).then(|| g.tensor_in(DType::F64, &x.shape(), -1.0, 1.0)))
+        .collect();
+    let analytic: f64 = case
+        .grads
+        .iter()
+        .zip(&directions)
+        .filter_map(|(grad, dir)| Some(dot(grad.as_ref()?, dir.as_ref()?)))
+        .sum();
     let eps = 1e-6;
     let shifted = |sign: f64| -> std::result::Result<Vec<HostTensor>, String> {
-        let moved: Vec<HostTensor> = inputs
+        let moved: Vec<HostTensor> = case
+            .inputs
             .iter()
             .zip(&directions)
             .map(|(x, d)| match d {
@@ -208,7 +258,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
     let numeric: f64 = plus
         .iter()
         .zip(&minus)
-        .zip(&cotangents)
+        .zip(&case.cotangents)
         .filter(|(_, c)| differentiable(c))
         .map(|((p, m), c)| {
             let diff = HostTensor::float(DType::F64, (p.to_f64() - m.to_f64()) / (2.0 * eps));
@@ -221,7 +271,22 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
             "vjp gives {analytic:.9}, finite differences {numeric:.9}"
         ));
     }
-    Ok(())
+    Ok(VjpCheck::Checked)
+}
+
+/// Every registered op, or only those named in `TPU_RS_OPS`
+/// (comma-separated): a name no op has is an error, so a typo never leaves
+/// a suite with nothing to check.
+pub fn selected_ops() -> Result<Vec<&'static OpDef>> {
+    let registry = crate::registry()?;
+    let Ok(only) = std::env::var("TPU_RS_OPS") else {
+        return Ok(registry.iter().collect());
+    };
+    only.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|name| registry.get(name))
+        .collect()
 }
 
 /// A markdown table of every registered op: dtypes, flags, backward rule.
@@ -236,7 +301,12 @@ pub fn coverage_table() -> Result<String> {
         registry.len(),
         with_vjp
     ));
-    out.push_str("| op | inputs | dtypes | backward | flags | defined in |\n| --- | --- | --- | --- | --- | --- |\n");
+    out.push_str(
+        "An op's reference is PyTorch-checked when the parity test (`cargo test -p tpu-ops \
+         --test parity`) runs its cases through the PyTorch function its record names and \
+         they agree; its gradient, when `torch.autograd` agrees with its backward rule too.\n\n",
+    );
+    out.push_str("| op | inputs | dtypes | backward | PyTorch-checked | flags | defined in |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for op in registry.iter() {
         let dtypes: Vec<&str> = op.dtypes.iter().map(|d| d.name()).collect();
         let arity = match op.arity {
@@ -247,13 +317,35 @@ pub fn coverage_table() -> Result<String> {
         let file = op.location.split(':').next().unwrap_or_default();
         let file = file.split("src/").last().unwrap_or(file);
         out.push_str(&format!(
-            "| `{}` | {arity} | {} | {} | {flags} | `{file}` |\n",
+            "| `{}` | {arity} | {} | {} | {} | {flags} | `{file}` |\n",
             op.name,
             dtypes.join(" "),
-            if op.vjp.is_some() { "yes" } else { "—" }
+            if op.vjp.is_some() { "yes" } else { "—" },
+            pytorch_checked(op),
         ));
     }
     Ok(out)
+}
+
+/// What the parity test checks of `op` against PyTorch (it fails when an
+/// op with a PyTorch expression has no agreeing case of either kind).
+fn pytorch_checked(op: &OpDef) -> String {
+    match op.torch {
+        Torch::Unmatched(why) => format!("no: {why}"),
+        Torch::Expr(_) => {
+            let gradients = op.vjp.is_some()
+                && cases(op, 12, 0x9ad)
+                    .iter()
+                    .enumerate()
+                    .any(|(i, s)| matches!(vjp_case(op, s, i as u64), Ok(Ok(_))));
+            if gradients {
+                "reference, gradient"
+            } else {
+                "reference"
+            }
+            .to_string()
+        }
+    }
 }
 
 fn flag_names(flags: tpu_core::op::Flags) -> Vec<&'static str> {

@@ -8,7 +8,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tpu_core::Runtime;
 use tpu_core::op::{Flags, Gen, OpDef, check_inputs, single_op_program};
-use tpu_ops::conformance::{cases, check_sample, check_vjp, looks_differentiable, run_on_tpu};
+use tpu_ops::conformance::{
+    VjpCheck, cases, check_sample, check_vjp, looks_differentiable, run_on_tpu, selected_ops,
+};
 
 /// Generated cases per op (`TPU_RS_CONFORMANCE_CASES`, default 12).
 fn random_cases() -> u32 {
@@ -18,19 +20,9 @@ fn random_cases() -> u32 {
         .unwrap_or(12)
 }
 
-/// Every registered op, or only those named in `TPU_RS_OPS` (comma-separated).
+/// The ops under test: all, or those `TPU_RS_OPS` names.
 fn ops() -> Vec<&'static OpDef> {
-    let only: Option<Vec<String>> = std::env::var("TPU_RS_OPS")
-        .ok()
-        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
-    tpu_ops::registry()
-        .expect("registry")
-        .iter()
-        .filter(|op| {
-            only.as_ref()
-                .is_none_or(|names| names.iter().any(|n| n == op.name))
-        })
-        .collect()
+    selected_ops().unwrap_or_else(|e| panic!("TPU_RS_OPS: {e}"))
 }
 
 /// Runs `check` on each op in parallel threads and reports every failure.
@@ -107,15 +99,44 @@ fn every_op_matches_its_reference_on_tpu() {
 
 #[test]
 fn every_backward_rule_matches_finite_differences() {
+    // Every op with a rule must have it checked on some case; the cases
+    // that could not be checked are counted and printed by reason.
+    let unchecked = Mutex::new(std::collections::BTreeMap::<String, usize>::new());
+    let checked_ops = std::sync::atomic::AtomicUsize::new(0);
     for_each_op(|op| {
         let mut failures = Vec::new();
+        let mut checked = 0;
         for (i, sample) in cases(op, random_cases() as usize, 0x9ad).iter().enumerate() {
-            if let Err(e) = check_vjp(op, sample, i as u64) {
-                failures.push(e);
+            match check_vjp(op, sample, i as u64) {
+                Ok(VjpCheck::Checked) => checked += 1,
+                Ok(VjpCheck::Unchecked(why)) if op.vjp.is_some() => {
+                    *unchecked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .entry(format!("{}: {why}", op.name))
+                        .or_default() += 1;
+                }
+                Ok(VjpCheck::Unchecked(_)) => {}
+                Err(e) => failures.push(e),
             }
+        }
+        if checked > 0 {
+            checked_ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        } else if op.vjp.is_some() {
+            failures.push(format!(
+                "{}: backward rule, but no case could check it",
+                op.name
+            ));
         }
         failures
     });
+    let with_rule = ops().iter().filter(|op| op.vjp.is_some()).count();
+    let checked = checked_ops.into_inner();
+    println!("backward rules checked against finite differences: {checked} of {with_rule} ops");
+    for (what, n) in unchecked.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        println!("  unchecked: {what} ({n} cases)");
+    }
+    assert_eq!(checked, with_rule, "every backward rule is checked");
 }
 
 #[test]

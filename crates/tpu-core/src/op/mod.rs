@@ -119,6 +119,19 @@ impl Sample {
     }
 }
 
+/// The op's PyTorch counterpart, which the parity test runs on PyTorch CPU
+/// and compares with the op's reference and backward rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Torch {
+    /// A Python expression computing the op's outputs (a tuple when there
+    /// are several) from `x`, the list of input tensors, and `a`, the dict
+    /// of attributes given in the call; `torch` and `F`
+    /// (`torch.nn.functional`) are in scope.
+    Expr(&'static str),
+    /// No PyTorch function computes the same thing, and why.
+    Unmatched(&'static str),
+}
+
 /// Everything every layer needs to know about one op.
 pub struct OpDef {
     /// Stable name, e.g. `"add"`.
@@ -143,6 +156,8 @@ pub struct OpDef {
     pub samples: fn() -> Vec<Sample>,
     /// A random valid call, for property tests.
     pub arbitrary: fn(&mut Gen) -> Sample,
+    /// The PyTorch function it matches, for the parity test.
+    pub torch: Torch,
     /// Where the record is defined (`file:line`), for duplicate errors.
     pub location: &'static str,
 }

@@ -106,6 +106,7 @@ mod tests {
             tolerance: Tolerance::for_dtype,
             samples: Vec::new,
             arbitrary: |_: &mut Gen| Sample::new(vec![], Attrs::new()),
+            torch: crate::op::Torch::Unmatched("a test record"),
             location,
         }))
     }

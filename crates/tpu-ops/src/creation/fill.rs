@@ -2,7 +2,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Shape};
 
@@ -71,6 +71,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| full_sample(&mut Gen::new(i))).collect(),
         arbitrary: full_sample,
+        torch: Torch::Expr(r#"torch.full(a["shape"], a["value"], dtype=a.get("dtype", torch.float32))"#),
         location: here!(),
     }
 }

@@ -4,7 +4,7 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::fill::{filled_ref, filled_type, shape_attr};
@@ -45,7 +45,7 @@ fn filled_samples() -> Vec<Sample> {
 
 /// `zeros` and `ones`: [`full`](super::fill) with a fixed value.
 macro_rules! constant_fill {
-    ($name:literal, $value:expr) => {
+    ($name:literal, $value:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -62,14 +62,17 @@ macro_rules! constant_fill {
                 tolerance: Tolerance::for_dtype,
                 samples: filled_samples,
                 arbitrary: filled_sample,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-constant_fill!("zeros", 0.0);
-constant_fill!("ones", 1.0);
+constant_fill!("zeros", 0.0,
+    torch: r#"torch.zeros(a["shape"], dtype=a.get("dtype", torch.float32))"#);
+constant_fill!("ones", 1.0,
+    torch: r#"torch.ones(a["shape"], dtype=a.get("dtype", torch.float32))"#);
 
 // ---- arange ----
 
@@ -125,7 +128,8 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
         }
         None => ((end - start) / step).ceil(),
     };
-    if len < 0.0 {
+    // `len` alone misses a short wrong-way span: ceil(-0.5) is -0.
+    if len < 0.0 || (end - start) * step < 0.0 {
         return Err(format!(
             "arange from {start} to {end} with step {step} has negative length (the step's sign does not lead from start to end)"
         ));
@@ -201,7 +205,9 @@ fn arange_sample(g: &mut Gen) -> Sample {
         let step = g.pick(&[0.25, 0.5, 1.0, -0.5, 0.1, 3.0, -0.7]);
         let n = g.dim() as f64;
         attrs.set("start", start);
-        attrs.set("end", start + step * n - step * 0.5);
+        // n elements: end half a step past the last; n = 0 is start itself.
+        let end = if n == 0.0 { start } else { start + step * (n - 0.5) };
+        attrs.set("end", end);
         attrs.set("step", step);
     } else {
         let start = g.below(20) as i64 - 10;
@@ -275,6 +281,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: arange_samples,
         arbitrary: arange_sample,
+        torch: Torch::Expr(r#"torch.arange(a.get("start", 0), a["end"], a.get("step", 1), dtype=a.get("dtype"))"#),
         location: here!(),
     }
 }
@@ -339,6 +346,7 @@ inventory::submit! {
             out
         },
         arbitrary: eye_sample,
+        torch: Torch::Expr(r#"torch.eye(a["n"], a.get("m", a["n"]), dtype=a.get("dtype", torch.float32))"#),
         location: here!(),
     }
 }
@@ -391,6 +399,7 @@ inventory::submit! {
             out
         },
         arbitrary: iota_sample,
+        torch: Torch::Expr(r#"(lambda s, d: torch.arange(s[d]).reshape([s[d] if i == d % len(s) else 1 for i in range(len(s))]).expand(s).to(a.get("dtype", torch.int64)))(a["shape"], a["dim"])"#),
         location: here!(),
     }
 }

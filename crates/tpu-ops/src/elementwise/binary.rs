@@ -2,7 +2,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use crate::here;
@@ -45,12 +45,17 @@ pub(crate) fn operands(
     (b.broadcast_to(&l, shape), b.broadcast_to(&r, shape))
 }
 
-fn lower_arith(b: &mut Builder, x: &[Value], op: &str, float: bool) -> Vec<Value> {
+fn lower_arith(
+    b: &mut Builder,
+    x: &[Value],
+    float: bool,
+    lower: impl Fn(&mut Builder, &Value, &Value) -> Value,
+) -> Vec<Value> {
     let dtype = promote(x[0].ty(), x[1].ty());
     let dtype = if float { to_float(dtype) } else { dtype };
     let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
     let (l, r) = operands(b, x, dtype, shape.dims());
-    vec![b.binary(op, &l, &r)]
+    vec![lower(b, &l, &r)]
 }
 
 fn arith_ref(
@@ -89,7 +94,14 @@ fn promoted(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<(Var, Var)> {
 
 macro_rules! arith_op {
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, hlo: $hlo:literal,
-     reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr) => {
+     reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
+        arith_op!($name, dtypes: $dtypes, float: $float,
+            lower: |b: &mut Builder, l: &Value, r: &Value| b.binary($hlo, l, r),
+            reference: ($ff, $fi), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+    };
+    // `lower` gets both operands promoted and broadcast.
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower: $lower:expr,
+     reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -97,12 +109,13 @@ macro_rules! arith_op {
                 flags: Flags::ELEMENTWISE,
                 dtypes: $dtypes,
                 infer: |x, _| Ok(vec![infer_binary(x, $dtypes, $float)?]),
-                lower: |b, x, _| Ok(lower_arith(b, x, $hlo, $float)),
+                lower: |b, x, _| Ok(lower_arith(b, x, $float, $lower)),
                 reference: |x, _| arith_ref(x, $float, $ff, $fi),
                 vjp: Some($vjp),
                 tolerance: Tolerance::for_dtype,
                 samples: $samples,
                 arbitrary: $arb,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
@@ -112,7 +125,8 @@ macro_rules! arith_op {
 arith_op!("add", dtypes: ALL, float: false, hlo: "stablehlo.add",
     reference: (|x, y| x + y, |x: i64, y: i64| x.wrapping_add(y)),
     vjp: |t, a| grads(t, a, a.grads[0], a.grads[0]),
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.add(x[0], x[1])");
 
 arith_op!("sub", dtypes: NUMERIC, float: false, hlo: "stablehlo.subtract",
     reference: (|x, y| x - y, |x: i64, y: i64| x.wrapping_sub(y)),
@@ -120,7 +134,8 @@ arith_op!("sub", dtypes: NUMERIC, float: false, hlo: "stablehlo.subtract",
         let gb = t.neg(a.grads[0])?;
         grads(t, a, a.grads[0], gb)
     },
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.sub(x[0], x[1])");
 
 arith_op!("mul", dtypes: ALL, float: false, hlo: "stablehlo.multiply",
     reference: (|x, y| x * y, |x: i64, y: i64| x.wrapping_mul(y)),
@@ -130,7 +145,8 @@ arith_op!("mul", dtypes: ALL, float: false, hlo: "stablehlo.multiply",
         let gb = t.mul(a.grads[0], x)?;
         grads(t, a, ga, gb)
     },
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.mul(x[0], x[1])");
 
 /// Divisors away from zero.
 fn nonzero_divisor(mut s: Sample) -> Sample {
@@ -156,7 +172,8 @@ arith_op!("div", dtypes: NUMERIC, float: true, hlo: "stablehlo.divide",
         grads(t, a, ga, gb)
     },
     samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
-    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)));
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+    torch: "torch.div(x[0], x[1])");
 
 fn positive_base(mut s: Sample) -> Sample {
     let base = &s.inputs[0];
@@ -180,7 +197,8 @@ arith_op!("pow", dtypes: NUMERIC, float: false, hlo: "stablehlo.power",
         grads(t, a, ga, gb)
     },
     samples: || binary_samples(NUMERIC).into_iter().map(positive_base).collect(),
-    arbitrary: |g: &mut Gen| positive_base(binary_arbitrary(g, NUMERIC)));
+    arbitrary: |g: &mut Gen| positive_base(binary_arbitrary(g, NUMERIC)),
+    torch: "torch.pow(x[0], x[1])");
 
 /// Routes the gradient to whichever input `pick` (a comparison) selects.
 fn select_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult<Vec<Option<Var>>> {
@@ -195,12 +213,14 @@ fn select_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult<Vec<O
 arith_op!("maximum", dtypes: ALL, float: false, hlo: "stablehlo.maximum",
     reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }, |x: i64, y: i64| x.max(y)),
     vjp: |t, a| select_grads(t, a, "gt"),
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.maximum(x[0], x[1])");
 
 arith_op!("minimum", dtypes: ALL, float: false, hlo: "stablehlo.minimum",
     reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }, |x: i64, y: i64| x.min(y)),
     vjp: |t, a| select_grads(t, a, "lt"),
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC));
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.minimum(x[0], x[1])");
 
 arith_op!("atan2", dtypes: NUMERIC, float: true, hlo: "stablehlo.atan2",
     reference: (f64::atan2, |_, _| 0),
@@ -216,7 +236,82 @@ arith_op!("atan2", dtypes: NUMERIC, float: true, hlo: "stablehlo.atan2",
         grads(t, a, ga, gb)
     },
     samples: || binary_samples(FLOATS).into_iter().map(nonzero_divisor).collect(),
-    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)));
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+    torch: "torch.atan2(x[0], x[1])");
+
+/// `fmax`/`fmin`: NaN only where both are NaN, else `pick` of the others.
+fn lower_nan_ignoring(b: &mut Builder, l: &Value, r: &Value, pick: &str) -> Value {
+    let m = b.binary(pick, l, r);
+    let l_nan = b.compare(Compare::Ne, l, l);
+    let r_nan = b.compare(Compare::Ne, r, r);
+    let m = b.select(&r_nan, l, &m);
+    b.select(&l_nan, r, &m)
+}
+
+/// Routes the gradient to `x` where it was picked (`pick`, or `y` is NaN).
+fn nan_ignoring_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult<Vec<Option<Var>>> {
+    let (x, y) = promoted(t, a)?;
+    let better = t.call1(pick, &[x, y], Attrs::new())?;
+    let y_nan = t.call1("isnan", &[y], Attrs::new())?;
+    let mask = t.call1("logical_or", &[better, y_nan], Attrs::new())?;
+    let zero = t.full_like(a.grads[0], 0.0)?;
+    let ga = t.call1("where", &[mask, a.grads[0], zero], Attrs::new())?;
+    let gb = t.call1("where", &[mask, zero, a.grads[0]], Attrs::new())?;
+    grads(t, a, ga, gb)
+}
+
+arith_op!("fmax", dtypes: NUMERIC, float: false,
+    lower: |b: &mut Builder, l: &Value, r: &Value| lower_nan_ignoring(b, l, r, "stablehlo.maximum"),
+    reference: (f64::max, |x: i64, y: i64| x.max(y)),
+    vjp: |t, a| nan_ignoring_grads(t, a, "gt"),
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.fmax(x[0], x[1])");
+
+arith_op!("fmin", dtypes: NUMERIC, float: false,
+    lower: |b: &mut Builder, l: &Value, r: &Value| lower_nan_ignoring(b, l, r, "stablehlo.minimum"),
+    reference: (f64::min, |x: i64, y: i64| x.min(y)),
+    vjp: |t, a| nan_ignoring_grads(t, a, "lt"),
+    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    torch: "torch.fmin(x[0], x[1])");
+
+/// `sqrt(l² + r²)` as `big · sqrt(1 + (small / big)²)`, which neither
+/// overflows nor underflows where the result is representable.
+fn lower_hypot(b: &mut Builder, l: &Value, r: &Value) -> Value {
+    let (dt, dims) = (l.dtype(), l.dims().to_vec());
+    let (la, ra) = (b.unary("stablehlo.abs", l), b.unary("stablehlo.abs", r));
+    let big = b.binary("stablehlo.maximum", &la, &ra);
+    let small = b.binary("stablehlo.minimum", &la, &ra);
+    let zero = b.constant(dt, &dims[..], 0.0);
+    let one = b.constant(dt, &dims[..], 1.0);
+    let big_is_zero = b.compare(Compare::Eq, &big, &zero);
+    let divisor = b.select(&big_is_zero, &one, &big);
+    let q = b.binary("stablehlo.divide", &small, &divisor);
+    let q2 = b.binary("stablehlo.multiply", &q, &q);
+    let s = b.binary("stablehlo.add", &one, &q2);
+    let s = b.unary("stablehlo.sqrt", &s);
+    let h = b.binary("stablehlo.multiply", &big, &s);
+    // An infinite side wins even over NaN, as in C's hypot.
+    let inf = b.constant(dt, &dims[..], f64::INFINITY);
+    let l_inf = b.compare(Compare::Eq, &la, &inf);
+    let r_inf = b.compare(Compare::Eq, &ra, &inf);
+    let h = b.select(&l_inf, &inf, &h);
+    b.select(&r_inf, &inf, &h)
+}
+
+arith_op!("hypot", dtypes: FLOATS, float: true,
+    lower: lower_hypot,
+    reference: (f64::hypot, |_, _| 0),
+    vjp: |t, a| {
+        // d/dx sqrt(x² + y²) = x / h.
+        let (x, y) = promoted(t, a)?;
+        let gh = t.div(a.grads[0], a.outputs[0])?;
+        let ga = t.mul(gh, x)?;
+        let gb = t.mul(gh, y)?;
+        grads(t, a, ga, gb)
+    },
+    samples: || binary_samples(FLOATS).into_iter().map(nonzero_divisor).collect(),
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, FLOATS)),
+    torch: "torch.hypot(x[0], x[1])");
 
 /// Python's modulo: the result takes the divisor's sign.
 fn py_rem_f(x: f64, y: f64) -> f64 {
@@ -276,6 +371,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
         arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+        torch: Torch::Expr("torch.remainder(x[0], x[1])"),
         location: here!(),
     }
 }

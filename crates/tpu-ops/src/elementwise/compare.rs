@@ -2,7 +2,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Flags, Gen, OpDef};
+use tpu_core::op::{Arity, Flags, Gen, OpDef, Torch};
 use tpu_core::stablehlo::{Compare, TensorType};
 
 use super::binary::{infer_binary, operands};
@@ -15,7 +15,7 @@ fn infer_compare(inputs: &[TensorType]) -> Result<Vec<TensorType>, String> {
 }
 
 macro_rules! compare_op {
-    ($name:literal, $dir:expr, $ff:expr, $fi:expr) => {
+    ($name:literal, $dir:expr, $ff:expr, $fi:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -46,15 +46,16 @@ macro_rules! compare_op {
                     s
                 },
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-compare_op!("eq", Compare::Eq, |x, y| x == y, |x, y| x == y);
-compare_op!("ne", Compare::Ne, |x, y| x != y, |x, y| x != y);
-compare_op!("lt", Compare::Lt, |x, y| x < y, |x, y| x < y);
-compare_op!("le", Compare::Le, |x, y| x <= y, |x, y| x <= y);
-compare_op!("gt", Compare::Gt, |x, y| x > y, |x, y| x > y);
-compare_op!("ge", Compare::Ge, |x, y| x >= y, |x, y| x >= y);
+compare_op!("eq", Compare::Eq, |x, y| x == y, |x, y| x == y, torch: "torch.eq(x[0], x[1])");
+compare_op!("ne", Compare::Ne, |x, y| x != y, |x, y| x != y, torch: "torch.ne(x[0], x[1])");
+compare_op!("lt", Compare::Lt, |x, y| x < y, |x, y| x < y, torch: "torch.lt(x[0], x[1])");
+compare_op!("le", Compare::Le, |x, y| x <= y, |x, y| x <= y, torch: "torch.le(x[0], x[1])");
+compare_op!("gt", Compare::Gt, |x, y| x > y, |x, y| x > y, torch: "torch.gt(x[0], x[1])");
+compare_op!("ge", Compare::Ge, |x, y| x >= y, |x, y| x >= y, torch: "torch.ge(x[0], x[1])");

@@ -3,7 +3,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Flags, Gen, OpDef};
+use tpu_core::op::{Arity, Flags, Gen, OpDef, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::{infer_binary, operands};
@@ -20,7 +20,7 @@ fn truthy(b: &mut Builder, x: &Value) -> Value {
 }
 
 macro_rules! logical_op {
-    ($name:literal, $hlo:literal, $f:expr) => {
+    ($name:literal, $hlo:literal, $f:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -48,18 +48,22 @@ macro_rules! logical_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || binary_samples(&[DType::Bool, DType::I32, DType::F32]),
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-logical_op!("logical_and", "stablehlo.and", |x, y| x & y);
-logical_op!("logical_or", "stablehlo.or", |x, y| x | y);
-logical_op!("logical_xor", "stablehlo.xor", |x, y| x ^ y);
+logical_op!("logical_and", "stablehlo.and", |x, y| x & y,
+    torch: "torch.logical_and(x[0], x[1])");
+logical_op!("logical_or", "stablehlo.or", |x, y| x | y,
+    torch: "torch.logical_or(x[0], x[1])");
+logical_op!("logical_xor", "stablehlo.xor", |x, y| x ^ y,
+    torch: "torch.logical_xor(x[0], x[1])");
 
 macro_rules! bitwise_op {
-    ($name:literal, $hlo:literal, $f:expr) => {
+    ($name:literal, $hlo:literal, $f:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -81,12 +85,16 @@ macro_rules! bitwise_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || binary_samples(INTS_AND_BOOL),
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, INTS_AND_BOOL),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-bitwise_op!("bitwise_and", "stablehlo.and", |x, y| x & y);
-bitwise_op!("bitwise_or", "stablehlo.or", |x, y| x | y);
-bitwise_op!("bitwise_xor", "stablehlo.xor", |x, y| x ^ y);
+bitwise_op!("bitwise_and", "stablehlo.and", |x, y| x & y,
+    torch: "torch.bitwise_and(x[0], x[1])");
+bitwise_op!("bitwise_or", "stablehlo.or", |x, y| x | y,
+    torch: "torch.bitwise_or(x[0], x[1])");
+bitwise_op!("bitwise_xor", "stablehlo.xor", |x, y| x ^ y,
+    torch: "torch.bitwise_xor(x[0], x[1])");

@@ -1,8 +1,12 @@
 //! Elementwise ops: unary math, binary arithmetic with broadcasting and type
-//! promotion, comparisons, logic, `where`, `clamp` and `cast`.
+//! promotion, comparisons, logic, `where`, `clamp` and `cast`; the inverse
+//! trigonometric and hyperbolic functions; the error and gamma families.
 
 mod binary;
 mod compare;
+mod gamma;
 mod logic;
 mod select;
+mod special;
+mod trig;
 mod unary;

@@ -3,7 +3,7 @@
 use ndarray::Zip;
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::grad_for;
@@ -98,6 +98,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| where_sample(&mut Gen::new(i))).collect(),
         arbitrary: where_sample,
+        torch: Torch::Expr("torch.where(x[0], x[1], x[2])"),
         location: here!(),
     }
 }
@@ -180,6 +181,8 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| clamp_sample(&mut Gen::new(i))).collect(),
         arbitrary: clamp_sample,
+        // Float bounds make PyTorch's clamp of integers float; the op keeps the dtype.
+        torch: Torch::Expr(r#"torch.clamp(x[0], a.get("min"), a.get("max")).to(x[0].dtype)"#),
         location: here!(),
     }
 }
@@ -233,6 +236,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| cast_sample(&mut Gen::new(i))).collect(),
         arbitrary: cast_sample,
+        torch: Torch::Expr(r#"x[0].to(a["dtype"])"#),
         location: here!(),
     }
 }

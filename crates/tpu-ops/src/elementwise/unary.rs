@@ -3,9 +3,10 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
+use super::special::erf;
 use crate::here;
 use crate::support::*;
 
@@ -14,7 +15,7 @@ fn one_type(inputs: &[TensorType]) -> OpResult<&TensorType> {
 }
 
 /// Float functions: numeric input, float output.
-fn infer_float(inputs: &[TensorType], _: &Attrs) -> OpResult<Vec<TensorType>> {
+pub(super) fn infer_float(inputs: &[TensorType], _: &Attrs) -> OpResult<Vec<TensorType>> {
     let x = one_type(inputs)?;
     require_dtype(x.dtype, NUMERIC, "input")?;
     Ok(vec![TensorType::new(to_float(x.dtype), x.shape.clone())])
@@ -35,53 +36,24 @@ fn infer_predicate(inputs: &[TensorType], allowed: &[DType]) -> OpResult<Vec<Ten
 }
 
 /// Lowers a float function: convert to float, then `op`.
-fn lower_float(b: &mut Builder, x: &Value, op: &str) -> Value {
+pub(super) fn lower_float(b: &mut Builder, x: &Value, op: &str) -> Value {
     let x = b.convert(x, to_float(x.dtype()));
     b.unary(op, &x)
 }
 
-fn float_ref(inputs: &[HostTensor], f: fn(f64) -> f64) -> OpResult<Vec<HostTensor>> {
+pub(super) fn float_ref(inputs: &[HostTensor], f: fn(f64) -> f64) -> OpResult<Vec<HostTensor>> {
     let x = one(inputs)?;
     let out = to_float(x.dtype());
     Ok(vec![map_float(&x.cast(out), out, f)])
 }
 
 /// Transcendental functions get a few more ulps than arithmetic.
-fn transcendental(d: DType) -> Tolerance {
+pub(super) fn transcendental(d: DType) -> Tolerance {
     let t = Tolerance::for_dtype(d);
     if d == DType::F32 {
         t.scaled(10.0)
     } else {
         t.scaled(2.0)
-    }
-}
-
-fn erf(x: f64) -> f64 {
-    // Abramowitz–Stegun 7.1.26 is too coarse for a reference; integrate the
-    // series instead (converges fast for |x| < 3) and use the continued
-    // fraction of erfc beyond.
-    if x.abs() < 3.0 {
-        let mut sum = x;
-        let mut term = x;
-        let x2 = x * x;
-        for n in 1..200 {
-            term *= -x2 / n as f64;
-            let add = term / (2 * n + 1) as f64;
-            sum += add;
-            if add.abs() < 1e-17 * sum.abs() {
-                break;
-            }
-        }
-        sum * 2.0 / std::f64::consts::PI.sqrt()
-    } else {
-        // erfc(x) = exp(-x^2)/(x sqrt(pi)) * 1/(1+ 1/(2x^2)/(1+2/(2x^2)/(1+...)))
-        let ax = x.abs();
-        let mut f = 0.0;
-        for k in (1..60).rev() {
-            f = (k as f64 / 2.0) / (ax + f);
-        }
-        let erfc = (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f);
-        (1.0 - erfc).copysign(x)
     }
 }
 
@@ -99,7 +71,7 @@ fn gelu_tanh(x: f64) -> f64 {
 }
 
 /// `g * f'(x)` where `f'` is built on the tape from `x` and `y = f(x)`.
-fn chain(
+pub(super) fn chain(
     t: &mut dyn Tape,
     a: &VjpArgs<'_>,
     derivative: impl FnOnce(&mut dyn Tape, Var, Var) -> OpResult<Var>,
@@ -114,7 +86,7 @@ fn zero_grad(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 }
 
 macro_rules! float_op {
-    ($name:literal, lower: $lower:expr, reference: $f:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), tolerance: $tol:expr) => {
+    ($name:literal, lower: $lower:expr, reference: $f:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), tolerance: $tol:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -128,29 +100,34 @@ macro_rules! float_op {
                 tolerance: $tol,
                 samples: || unary_samples(FLOATS, $lo, $hi),
                 arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, $lo, $hi),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
+pub(super) use float_op;
 
 float_op!("exp",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.exponential"),
     reference: f64::exp,
     vjp: |t, a| chain(t, a, |_, _, y| Ok(y)),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.exp(x[0])");
 
 float_op!("expm1",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.exponential_minus_one"),
     reference: f64::exp_m1,
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("exp", x)),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.expm1(x[0])");
 
 float_op!("log",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.log"),
     reference: f64::ln,
     vjp: |t, a| { let g = t.div(a.grads[0], a.inputs[0])?; Ok(vec![Some(g)]) },
-    range: (0.1, 5.0), tolerance: transcendental);
+    range: (0.1, 5.0), tolerance: transcendental,
+    torch: "torch.log(x[0])");
 
 float_op!("log1p",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.log_plus_one"),
@@ -160,7 +137,8 @@ float_op!("log1p",
         let d = t.add(a.inputs[0], one)?;
         Ok(vec![Some(t.div(a.grads[0], d)?)])
     },
-    range: (-0.5, 5.0), tolerance: transcendental);
+    range: (-0.5, 5.0), tolerance: transcendental,
+    torch: "torch.log1p(x[0])");
 
 float_op!("sqrt",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.sqrt"),
@@ -169,7 +147,8 @@ float_op!("sqrt",
         let two_y = t.scale(a.outputs[0], 2.0)?;
         Ok(vec![Some(t.div(a.grads[0], two_y)?)])
     },
-    range: (0.1, 5.0), tolerance: transcendental);
+    range: (0.1, 5.0), tolerance: transcendental,
+    torch: "torch.sqrt(x[0])");
 
 float_op!("rsqrt",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.rsqrt"),
@@ -179,7 +158,8 @@ float_op!("rsqrt",
         let y3 = t.mul(y2, y)?;
         t.scale(y3, -0.5)
     }),
-    range: (0.1, 5.0), tolerance: transcendental);
+    range: (0.1, 5.0), tolerance: transcendental,
+    torch: "torch.rsqrt(x[0])");
 
 float_op!("reciprocal",
     lower: |b: &mut Builder, x: &Value| {
@@ -192,13 +172,15 @@ float_op!("reciprocal",
         let y2 = t.mul(y, y)?;
         t.neg(y2)
     }),
-    range: (0.2, 3.0), tolerance: Tolerance::for_dtype);
+    range: (0.2, 3.0), tolerance: Tolerance::for_dtype,
+    torch: "torch.reciprocal(x[0])");
 
 float_op!("sin",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.sine"),
     reference: f64::sin,
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("cos", x)),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.sin(x[0])");
 
 float_op!("cos",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.cosine"),
@@ -207,7 +189,8 @@ float_op!("cos",
         let s = t.unary("sin", x)?;
         t.neg(s)
     }),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.cos(x[0])");
 
 float_op!("tan",
     lower: |b: &mut Builder, x: &Value| {
@@ -222,7 +205,8 @@ float_op!("tan",
         let one = t.full_like(y, 1.0)?;
         t.add(one, y2)
     }),
-    range: (-1.2, 1.2), tolerance: transcendental);
+    range: (-1.2, 1.2), tolerance: transcendental,
+    torch: "torch.tan(x[0])");
 
 float_op!("tanh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.tanh"),
@@ -232,7 +216,8 @@ float_op!("tanh",
         let one = t.full_like(y, 1.0)?;
         t.sub(one, y2)
     }),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.tanh(x[0])");
 
 float_op!("sigmoid",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.logistic"),
@@ -242,7 +227,8 @@ float_op!("sigmoid",
         let rest = t.sub(one, y)?;
         t.mul(y, rest)
     }),
-    range: (-4.0, 4.0), tolerance: transcendental);
+    range: (-4.0, 4.0), tolerance: transcendental,
+    torch: "torch.sigmoid(x[0])");
 
 float_op!("silu",
     lower: |b: &mut Builder, x: &Value| {
@@ -260,7 +246,9 @@ float_op!("silu",
         let inner = t.add(one, xr)?;
         t.mul(s, inner)
     }),
-    range: (-4.0, 4.0), tolerance: transcendental);
+    range: (-4.0, 4.0), tolerance: transcendental,
+    // F.silu has no integer kernel: integers go to f32 first, as here.
+    torch: "F.silu(x[0] if x[0].is_floating_point() else x[0].float())");
 
 float_op!("erf",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.erf"),
@@ -271,7 +259,8 @@ float_op!("erf",
         let e = t.unary("exp", n)?;
         t.scale(e, 2.0 / std::f64::consts::PI.sqrt())
     }),
-    range: (-3.0, 3.0), tolerance: transcendental);
+    range: (-3.0, 3.0), tolerance: transcendental,
+    torch: "torch.erf(x[0])");
 
 /// GELU: `approximate = "none"` (erf) or `"tanh"`, as in PyTorch.
 fn gelu_mode(attrs: &Attrs) -> OpResult<bool> {
@@ -377,6 +366,7 @@ inventory::submit! {
             s.attrs.set("approximate", g.pick(&["none", "tanh"]));
             s
         },
+        torch: Torch::Expr(r#"F.gelu(x[0], approximate=a.get("approximate", "none"))"#),
         location: here!(),
     }
 }
@@ -384,7 +374,7 @@ inventory::submit! {
 // ---- Same-dtype ops. ----
 
 macro_rules! same_op {
-    ($name:literal, dtypes: $dtypes:expr, lower: $lower:expr, reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, range: ($lo:expr, $hi:expr)) => {
+    ($name:literal, dtypes: $dtypes:expr, lower: $lower:expr, reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, range: ($lo:expr, $hi:expr), torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -398,6 +388,7 @@ macro_rules! same_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || unary_samples($dtypes, $lo, $hi),
                 arbitrary: |g: &mut Gen| unary_arbitrary(g, $dtypes, $lo, $hi),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
@@ -408,37 +399,43 @@ same_op!("neg", dtypes: SIGNED,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.negate", x),
     reference: (|x: f64| -x, |x: i64| x.wrapping_neg()),
     vjp: Some(|t, a| Ok(vec![Some(t.neg(a.grads[0])?)])),
-    range: (-3.0, 3.0));
+    range: (-3.0, 3.0),
+    torch: "torch.neg(x[0])");
 
 same_op!("abs", dtypes: SIGNED,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.abs", x),
     reference: (f64::abs, |x: i64| x.wrapping_abs()),
     vjp: Some(|t, a| chain(t, a, |t, x, _| t.unary("sign", x))),
-    range: (-3.0, 3.0));
+    range: (-3.0, 3.0),
+    torch: "torch.abs(x[0])");
 
 same_op!("sign", dtypes: SIGNED,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.sign", x),
     reference: (|x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x }, i64::signum),
     vjp: Some(zero_grad),
-    range: (-3.0, 3.0));
+    range: (-3.0, 3.0),
+    torch: "torch.sign(x[0])");
 
 same_op!("floor", dtypes: FLOATS,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.floor", x),
     reference: (f64::floor, |x| x),
     vjp: Some(zero_grad),
-    range: (-5.0, 5.0));
+    range: (-5.0, 5.0),
+    torch: "torch.floor(x[0])");
 
 same_op!("ceil", dtypes: FLOATS,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.ceil", x),
     reference: (f64::ceil, |x| x),
     vjp: Some(zero_grad),
-    range: (-5.0, 5.0));
+    range: (-5.0, 5.0),
+    torch: "torch.ceil(x[0])");
 
 same_op!("round", dtypes: FLOATS,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.round_nearest_even", x),
     reference: (f64::round_ties_even, |x| x),
     vjp: Some(zero_grad),
-    range: (-5.0, 5.0));
+    range: (-5.0, 5.0),
+    torch: "torch.round(x[0])");
 
 same_op!("relu", dtypes: NUMERIC,
     lower: |b: &mut Builder, x: &Value| {
@@ -452,7 +449,8 @@ same_op!("relu", dtypes: NUMERIC,
         let dt = t.ty(x)?.dtype;
         t.cast(mask, dt)
     })),
-    range: (-3.0, 3.0));
+    range: (-3.0, 3.0),
+    torch: "torch.relu(x[0])");
 
 // ---- Predicates. ----
 
@@ -513,6 +511,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: special_samples,
         arbitrary: special_arbitrary,
+        torch: Torch::Expr("torch.isnan(x[0])"),
         location: here!(),
     }
 }
@@ -535,6 +534,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: special_samples,
         arbitrary: special_arbitrary,
+        torch: Torch::Expr("torch.isinf(x[0])"),
         location: here!(),
     }
 }
@@ -556,6 +556,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || unary_samples(ALL, -2.0, 2.0),
         arbitrary: |g: &mut Gen| unary_arbitrary(g, ALL, -2.0, 2.0),
+        torch: Torch::Expr("torch.logical_not(x[0])"),
         location: here!(),
     }
 }

@@ -5,7 +5,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list as hlo_dims};
 use tpu_core::{DType, Shape};
 
@@ -452,6 +452,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
         samples: dot_general_samples,
         arbitrary: dot_general_sample,
+        torch: Torch::Expr(r#"(lambda ra, rb: (lambda lb, rbt, lc, rc: torch.einsum(x[0], list(range(ra)), x[1], [lb[rbt.index(j)] if j in rbt else lc[rc.index(j)] if j in rc else ra + j for j in range(rb)], lb + [i for i in range(ra) if i not in lb + lc] + [ra + j for j in range(rb) if j not in rbt + rc]))(*[[d % r for d in a.get(k, [])] for k, r in (("lhs_batch", ra), ("rhs_batch", rb), ("lhs_contract", ra), ("rhs_contract", rb))]))(x[0].dim(), x[1].dim())"#),
         location: here!(),
     }
 }
@@ -727,6 +728,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
         samples: matmul_samples,
         arbitrary: matmul_sample,
+        torch: Torch::Expr("torch.matmul(x[0], x[1])"),
         location: here!(),
     }
 }

@@ -5,7 +5,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array, int_range};
 use tpu_core::{DType, Shape};
 
@@ -359,6 +359,10 @@ inventory::submit! {
             let (x, attrs) = pool_sample(g, dtype, true);
             Sample::new(vec![x], attrs)
         },
+        // Floats are padded with -inf by F.pad: PyTorch's own padding sends the
+        // gradient of a window lying wholly in the padding (possible with
+        // dilation) outside the input.
+        torch: Torch::Expr(r#"(lambda k, s, p, d: F.max_pool2d(F.pad(x[0], [p[-1], p[-1], p[0], p[0]], value=-torch.inf), k, s, 0, d) if x[0].is_floating_point() else F.max_pool2d(x[0], k, s, p, d))(a["kernel_size"], a.get("stride"), a.get("padding", [0]), a.get("dilation", 1))"#),
         location: here!(),
     }
 }
@@ -511,6 +515,8 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..12).map(|i| max_backward_sample(&mut Gen::new(i))).collect(),
         arbitrary: max_backward_sample,
+        // The backward of the max_pool2d expression (padded by F.pad, as there).
+        torch: Torch::Expr(r#"(lambda k, s, p, d: torch.func.vjp(lambda v: F.max_pool2d(F.pad(v, [p[-1], p[-1], p[0], p[0]], value=-torch.inf), k, s, 0, d), x[0])[1](x[1])[0])(a["kernel_size"], a.get("stride"), a.get("padding", [0]), a.get("dilation", 1))"#),
         location: here!(),
     }
 }
@@ -641,6 +647,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..12).map(|i| avg_sample(&mut Gen::new(i))).collect(),
         arbitrary: avg_sample,
+        torch: Torch::Expr(r#"F.avg_pool2d(x[0], a["kernel_size"], a.get("stride"), a.get("padding", 0), count_include_pad=a.get("count_include_pad", True))"#),
         location: here!(),
     }
 }

@@ -2,7 +2,7 @@
 //! and `one_hot`.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -142,6 +142,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| gather_sample(&mut Gen::new(i))).collect(),
         arbitrary: gather_sample,
+        torch: Torch::Expr(r#"torch.gather(x[0], a["dim"], x[1])"#),
         location: here!(),
     }
 }
@@ -351,6 +352,9 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| take_sample(&mut Gen::new(i))).collect(),
         arbitrary: take_sample,
+        // PyTorch's take_along_dim rejects a 0-D input with a dim; gather does
+        // the same there.
+        torch: Torch::Expr(r#"torch.take_along_dim(x[0], x[1].long(), a["dim"]) if "dim" in a and x[0].dim() else torch.take_along_dim(x[0], x[1].long()) if "dim" not in a else torch.gather(x[0], 0, x[1])"#),
         location: here!(),
     }
 }
@@ -441,6 +445,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| index_select_sample(&mut Gen::new(i))).collect(),
         arbitrary: index_select_sample,
+        torch: Torch::Expr(r#"torch.index_select(x[0], a["dim"], x[1])"#),
         location: here!(),
     }
 }
@@ -514,6 +519,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| embedding_sample(&mut Gen::new(i))).collect(),
         arbitrary: embedding_sample,
+        torch: Torch::Expr("F.embedding(x[1], x[0])"),
         location: here!(),
     }
 }
@@ -573,6 +579,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| one_hot_sample(&mut Gen::new(i))).collect(),
         arbitrary: one_hot_sample,
+        torch: Torch::Expr(r#"F.one_hot(x[0].long(), a["num_classes"])"#),
         location: here!(),
     }
 }

@@ -1,7 +1,7 @@
 //! `concat`, `stack`, `split` and `chunk`.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var};
+use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -174,6 +174,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| concat_sample(&mut Gen::new(i))).collect(),
         arbitrary: concat_sample,
+        torch: Torch::Expr(r#"torch.cat(x, a.get("dim", 0))"#),
         location: here!(),
     }
 }
@@ -257,6 +258,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| stack_sample(&mut Gen::new(i))).collect(),
         arbitrary: stack_sample,
+        torch: Torch::Expr(r#"torch.stack(x, a.get("dim", 0))"#),
         location: here!(),
     }
 }
@@ -417,6 +419,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| split_sample(&mut Gen::new(i))).collect(),
         arbitrary: split_sample,
+        torch: Torch::Expr(r#"torch.split(x[0], a["sizes"], a.get("dim", 0))"#),
         location: here!(),
     }
 }
@@ -481,6 +484,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| chunk_sample(&mut Gen::new(i))).collect(),
         arbitrary: chunk_sample,
+        torch: Torch::Expr(r#"torch.chunk(x[0], a["chunks"], a.get("dim", 0))"#),
         location: here!(),
     }
 }

@@ -2,7 +2,7 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::TensorType;
 
 use super::common::*;
@@ -101,6 +101,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| permute_sample(&mut Gen::new(i))).collect(),
         arbitrary: permute_sample,
+        torch: Torch::Expr(r#"torch.permute(x[0], a["dims"])"#),
         location: here!(),
     }
 }
@@ -153,6 +154,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| transpose_sample(&mut Gen::new(i))).collect(),
         arbitrary: transpose_sample,
+        torch: Torch::Expr(r#"torch.transpose(x[0], a["dim0"], a["dim1"])"#),
         location: here!(),
     }
 }
@@ -198,6 +200,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| unsqueeze_sample(&mut Gen::new(i))).collect(),
         arbitrary: unsqueeze_sample,
+        torch: Torch::Expr(r#"torch.unsqueeze(x[0], a["dim"])"#),
         location: here!(),
     }
 }
@@ -258,6 +261,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| squeeze_sample(&mut Gen::new(i))).collect(),
         arbitrary: squeeze_sample,
+        torch: Torch::Expr(r#"torch.squeeze(x[0], a["dims"]) if "dims" in a else torch.squeeze(x[0])"#),
         location: here!(),
     }
 }
@@ -312,6 +316,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| flip_sample(&mut Gen::new(i))).collect(),
         arbitrary: flip_sample,
+        torch: Torch::Expr(r#"torch.flip(x[0], a["dims"])"#),
         location: here!(),
     }
 }

@@ -2,7 +2,7 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::TensorType;
 
 use crate::here;
@@ -83,6 +83,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| reshape_sample(&mut Gen::new(i))).collect(),
         arbitrary: reshape_sample,
+        torch: Torch::Expr(r#"torch.reshape(x[0], a["shape"])"#),
         location: here!(),
     }
 }
@@ -150,6 +151,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| broadcast_sample(&mut Gen::new(i))).collect(),
         arbitrary: broadcast_sample,
+        torch: Torch::Expr(r#"torch.broadcast_to(x[0], a["shape"])"#),
         location: here!(),
     }
 }

@@ -1,7 +1,7 @@
 //! Scattering ops: `scatter`, `scatter_add` and `index_add`.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -207,6 +207,9 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ALL, true)).collect(),
         arbitrary: |g| scatter_sample(g, ALL, true),
+        // Only the index-shaped block of src takes part: it is cut out first,
+        // as PyTorch's backward requires.
+        torch: Torch::Expr(r#"torch.scatter(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
         location: here!(),
     }
 }
@@ -224,6 +227,9 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ALL, false)).collect(),
         arbitrary: |g| scatter_sample(g, ALL, false),
+        // Only the index-shaped block of src takes part: it is cut out first,
+        // as PyTorch's backward requires.
+        torch: Torch::Expr(r#"torch.scatter_add(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
         location: here!(),
     }
 }
@@ -354,6 +360,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..12).map(|i| index_add_sample(&mut Gen::new(i))).collect(),
         arbitrary: index_add_sample,
+        torch: Torch::Expr(r#"torch.index_add(x[0], a["dim"], x[1], x[2])"#),
         location: here!(),
     }
 }

@@ -2,7 +2,7 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
@@ -167,6 +167,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: slice_samples,
         arbitrary: slice_sample,
+        torch: Torch::Expr(r#"torch.ops.aten.slice(x[0], a.get("dim", 0), a.get("start"), a.get("end"), a.get("step", 1))"#),
         location: here!(),
     }
 }
@@ -244,6 +245,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| narrow_sample(&mut Gen::new(i))).collect(),
         arbitrary: narrow_sample,
+        torch: Torch::Expr(r#"torch.narrow(x[0], a["dim"], a["start"], a["length"])"#),
         location: here!(),
     }
 }
@@ -315,6 +317,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| select_sample(&mut Gen::new(i))).collect(),
         arbitrary: select_sample,
+        torch: Torch::Expr(r#"torch.select(x[0], a["dim"], a["index"])"#),
         location: here!(),
     }
 }
@@ -420,6 +423,9 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| pad_sample(&mut Gen::new(i))).collect(),
         arbitrary: pad_sample,
+        // Pads first, then crops: F.pad crops first, and rejects a crop larger
+        // than the dim even where the other side's padding makes up for it.
+        torch: Torch::Expr(r#"F.pad(F.pad(x[0], [max(p, 0) for p in a["pad"]], value=a.get("value", 0.0)), [min(p, 0) for p in a["pad"]])"#),
         location: here!(),
     }
 }

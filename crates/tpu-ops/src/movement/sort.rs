@@ -4,7 +4,7 @@ use std::cmp::Ordering;
 
 use ndarray::{ArrayD, Axis, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -253,6 +253,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| sort_sample(&mut Gen::new(i))).collect(),
         arbitrary: sort_sample,
+        torch: Torch::Expr(r#"torch.sort(x[0], dim=a.get("dim", -1), descending=a.get("descending", False), stable=True)"#),
         location: here!(),
     }
 }
@@ -321,6 +322,8 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| topk_sample(&mut Gen::new(i))).collect(),
         arbitrary: topk_sample,
+        // A stable sort cut to k: torch.topk orders ties arbitrarily (and takes no bool).
+        torch: Torch::Expr(r#"tuple(t.narrow(a.get("dim", -1), 0, a["k"]) if t.dim() else t for t in torch.sort(x[0], dim=a.get("dim", -1), descending=a.get("largest", True), stable=True))"#),
         location: here!(),
     }
 }

@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -617,6 +617,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: as_strided_samples,
         arbitrary: as_strided_sample,
+        torch: Torch::Expr(r#"torch.as_strided(x[0], a["size"], a["stride"], a.get("offset", 0))"#),
         location: here!(),
     }
 }
@@ -658,6 +659,12 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: as_strided_scatter_samples,
         arbitrary: as_strided_scatter_sample,
+        // As an index_put of the flat positions the view covers: autograd of
+        // torch.as_strided_scatter swaps the gradients of covered and
+        // uncovered positions (its gradcheck fails in PyTorch 2.15).
+        torch: Torch::Expr(
+            r#"x[0].flatten().index_put((torch.as_strided(torch.arange(x[0].numel()), a["size"], a["stride"], a.get("offset", 0)).flatten(),), x[1].flatten()).reshape(x[0].shape)"#
+        ),
         location: here!(),
     }
 }

@@ -2,7 +2,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::common::*;
@@ -64,7 +64,7 @@ fn sample(g: &mut Gen) -> Sample {
 }
 
 macro_rules! triangle_op {
-    ($name:literal, $upper:expr) => {
+    ($name:literal, $upper:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -82,11 +82,12 @@ macro_rules! triangle_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || (0..10).map(|i| sample(&mut Gen::new(i))).collect(),
                 arbitrary: sample,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-triangle_op!("triu", true);
-triangle_op!("tril", false);
+triangle_op!("triu", true, torch: r#"torch.triu(x[0], a.get("diagonal", 0))"#);
+triangle_op!("tril", false, torch: r#"torch.tril(x[0], a.get("diagonal", 0))"#);

@@ -5,10 +5,10 @@
 //! the positions where it is true. `causal` keeps `j <= i` (top-left
 //! aligned, as PyTorch) and excludes an explicit mask. `scale` defaults to
 //! `1 / sqrt(E)`. f16 and bf16 compute in f32; a row with every position
-//! masked gives NaN, as PyTorch's math path does.
+//! masked gives zeros (and zero gradients), as PyTorch's CPU kernel does.
 
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, dim_list};
 use tpu_core::{DType, Shape};
 
@@ -161,6 +161,12 @@ fn lower_attn(b: &mut Builder, x: &[Value], attrs: &Attrs) -> OpResult<Value> {
         scores = b.select(&keep, &scores, &ninf);
     }
     let p = softmax_in(b, &scores, &[nb + 1]);
+    // Rows with every position masked: zeros, not softmax's 0/0.
+    let m = max_in(b, &scores, &[nb + 1]);
+    let m = expand(b, &m, &ls, &[nb + 1]);
+    let dead = b.compare(Compare::Eq, &m, &ninf);
+    let zero = b.constant(acc, ls.as_slice(), 0.0);
+    let p = b.select(&dead, &zero, &p);
     let out = dot(b, &p, &v, nb, nb + 1, nb);
     Ok(b.convert(&out, dt))
 }
@@ -210,7 +216,11 @@ fn attn_ref(x: &[HostTensor], attrs: &Attrs) -> OpResult<HostTensor> {
                     *sc = f64::NEG_INFINITY;
                 }
             }
-            let p = softmax_of(&scores);
+            let p = if scores.iter().all(|&sc| sc == f64::NEG_INFINITY) {
+                vec![0.0; s]
+            } else {
+                softmax_of(&scores)
+            };
             for c in 0..ev {
                 out[(bi * l + i) * ev + c] = (0..s).map(|j| p[j] * v[(bi * s + j) * ev + c]).sum();
             }
@@ -269,6 +279,10 @@ fn attn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     }
     let last = t.ty(s)?.shape.rank() - 1;
     let p = t.call1("softmax", &[s], Attrs::new().with("dim", last))?;
+    // Fully masked rows are 0/0 in softmax and zero in the forward.
+    let dead = t.call1("isnan", &[p], Attrs::new())?;
+    let zeros = t.full_like(p, 0.0)?;
+    let p = select(t, dead, zeros, p)?;
     let vt = transpose_last(t, v)?;
     let dp = matmul(t, g, vt)?;
     let pdp = t.mul(p, dp)?;
@@ -386,6 +400,18 @@ fn attn_samples() -> Vec<Sample> {
         vec![q, t(&mut g, &[0, 3]), t(&mut g, &[0, 5])],
         Attrs::new(),
     ));
+    // A row with every position masked, by a bool and by a float mask.
+    let keep: Vec<i64> = (0..15).map(|i| i64::from(!(5..10).contains(&i))).collect();
+    let keep = HostTensor::from_i64(DType::Bool, [3, 5], keep).expect("3x5");
+    let add = HostTensor::float(
+        f,
+        keep.to_f64()
+            .mapv(|k| if k == 0.0 { f64::NEG_INFINITY } else { 0.0 }),
+    );
+    for mask in [keep, add] {
+        let (q, k, v) = (t(&mut g, &[3, 4]), t(&mut g, &[5, 4]), t(&mut g, &[5, 2]));
+        s.push(Sample::new(vec![q, k, v, mask], Attrs::new()));
+    }
     s
 }
 
@@ -405,6 +431,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: attn_samples,
         arbitrary: attn_sample,
+        torch: Torch::Expr(r#"F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3] if len(x) > 3 else None, is_causal=a.get("causal", False), scale=a.get("scale"))"#),
         location: here!(),
     }
 }

@@ -8,7 +8,7 @@
 //! nothing: its negative log-likelihood term is 0.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -355,6 +355,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || loss_samples(true, 1100),
         arbitrary: |g: &mut Gen| loss_sample(g, true),
+        torch: Torch::Expr(r#"F.cross_entropy(x[0], x[1].long(), ignore_index=a.get("ignore_index", -100), reduction=a.get("reduction", "mean"), label_smoothing=a.get("label_smoothing", 0.0))"#),
         location: here!(),
     }
 }
@@ -372,6 +373,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || loss_samples(false, 1200),
         arbitrary: |g: &mut Gen| loss_sample(g, false),
+        torch: Torch::Expr(r#"F.nll_loss(x[0], x[1].long(), ignore_index=a.get("ignore_index", -100), reduction=a.get("reduction", "mean"))"#),
         location: here!(),
     }
 }

@@ -5,7 +5,7 @@
 //! f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -255,6 +255,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || norm_samples(Kind::Layer),
         arbitrary: |g: &mut Gen| norm_sample(Kind::Layer, g),
+        torch: Torch::Expr(r#"F.layer_norm(x[0], x[0].shape[x[0].dim() - a.get("normalized_dims", x[1].dim() if len(x) > 1 else 1):], *x[1:], eps=a.get("eps", 1e-5))"#),
         location: here!(),
     }
 }
@@ -275,6 +276,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || norm_samples(Kind::Rms),
         arbitrary: |g: &mut Gen| norm_sample(Kind::Rms, g),
+        torch: Torch::Expr(r#"F.rms_norm(x[0], x[0].shape[x[0].dim() - a.get("normalized_dims", x[1].dim() if len(x) > 1 else 1):], *x[1:], eps=a.get("eps", 1e-6))"#),
         location: here!(),
     }
 }

@@ -5,7 +5,7 @@
 
 use ndarray::Zip;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -164,6 +164,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(2.0),
         samples: || (0..8).map(|i| uniform_sample(&mut Gen::new(i))).collect(),
         arbitrary: uniform_sample,
+        torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
         location: here!(),
     }
 }
@@ -263,6 +264,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
         samples: || (0..8).map(|i| normal_sample(&mut Gen::new(i))).collect(),
         arbitrary: normal_sample,
+        torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
         location: here!(),
     }
 }
@@ -320,6 +322,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| bernoulli_sample(&mut Gen::new(i))).collect(),
         arbitrary: bernoulli_sample,
+        torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
         location: here!(),
     }
 }
@@ -393,6 +396,7 @@ inventory::submit! {
         tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| dropout_sample(&mut Gen::new(i))).collect(),
         arbitrary: dropout_sample,
+        torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
         location: here!(),
     }
 }

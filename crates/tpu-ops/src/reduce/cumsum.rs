@@ -4,7 +4,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -120,6 +120,7 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || (0..12).map(|i| dim_sample(&mut Gen::new(900 + i), ALL, -3.0, 3.0)).collect(),
         arbitrary: |g: &mut Gen| dim_sample(g, ALL, -3.0, 3.0),
+        torch: Torch::Expr(r#"torch.cumsum(x[0], a["dim"])"#),
         location: here!(),
     }
 }

@@ -6,7 +6,7 @@
 use tpu_core::DType;
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array};
 
 use super::kit::*;
@@ -80,7 +80,7 @@ fn extreme_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> 
 }
 
 macro_rules! extreme_op {
-    ($name:literal, $largest:expr) => {
+    ($name:literal, $largest:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -94,14 +94,19 @@ macro_rules! extreme_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || (0..10).map(|i| reduce_sample_nonempty(&mut Gen::new(300 + i), ALL)).collect(),
                 arbitrary: |g: &mut Gen| reduce_sample_nonempty(g, ALL),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-extreme_op!("max", true);
-extreme_op!("min", false);
+// PyTorch reduces every dim when `dims` is empty, where this op reduces
+// none: that case reduces a new trailing dim of size 1 instead.
+extreme_op!("max", true,
+    torch: r#"(lambda d, k: torch.amax(x[0], d, keepdim=k) if d else torch.amax(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);
+extreme_op!("min", false,
+    torch: r#"(lambda d, k: torch.amin(x[0], d, keepdim=k) if d else torch.amin(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);
 
 /// The reduced dimension (`None`: the flattened input) and `keepdim`.
 fn arg_args(shape: &Shape, attrs: &Attrs) -> OpResult<(Option<usize>, bool)> {
@@ -257,7 +262,7 @@ fn arg_sample(g: &mut Gen) -> Sample {
 }
 
 macro_rules! arg_op {
-    ($name:literal, $largest:expr) => {
+    ($name:literal, $largest:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -282,11 +287,14 @@ macro_rules! arg_op {
                     s
                 },
                 arbitrary: arg_sample,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-arg_op!("argmax", true);
-arg_op!("argmin", false);
+arg_op!("argmax", true,
+    torch: r#"torch.argmax(x[0], a.get("dim"), a.get("keepdim", False))"#);
+arg_op!("argmin", false,
+    torch: r#"torch.argmin(x[0], a.get("dim"), a.get("keepdim", False))"#);

@@ -3,7 +3,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Torch};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -64,7 +64,7 @@ fn logic_sample(g: &mut Gen) -> tpu_core::op::Sample {
 }
 
 macro_rules! logic_op {
-    ($name:literal, $any:expr) => {
+    ($name:literal, $any:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -82,11 +82,16 @@ macro_rules! logic_op {
                 tolerance: Tolerance::for_dtype,
                 samples: || (0..12).map(|i| logic_sample(&mut Gen::new(500 + i))).collect(),
                 arbitrary: logic_sample,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-logic_op!("any", true);
-logic_op!("all", false);
+// PyTorch reduces every dim when `dims` is empty, where this op reduces
+// none: that case reduces a new trailing dim of size 1 instead.
+logic_op!("any", true,
+    torch: r#"(lambda d, k: torch.any(x[0] != 0, d, keepdim=k) if d else torch.any((x[0] != 0).unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);
+logic_op!("all", false,
+    torch: r#"(lambda d, k: torch.all(x[0] != 0, d, keepdim=k) if d else torch.all((x[0] != 0).unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);

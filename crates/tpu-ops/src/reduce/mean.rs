@@ -4,7 +4,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -67,6 +67,9 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..10).map(|i| reduce_sample(&mut Gen::new(100 + i), FLOATS)).collect(),
         arbitrary: |g: &mut Gen| reduce_sample(g, FLOATS),
+        // PyTorch reduces every dim when `dims` is empty, where this op reduces
+        // none: that case reduces a new trailing dim of size 1 instead.
+        torch: Torch::Expr(r#"(lambda d, k: torch.mean(x[0], d, keepdim=k) if d else torch.mean(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
         location: here!(),
     }
 }
@@ -188,6 +191,10 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || (0..10).map(|i| prod_sample(&mut Gen::new(200 + i), NUMERIC)).collect(),
         arbitrary: |g: &mut Gen| prod_sample(g, ALL),
+        // PyTorch reduces every dim when `dims` is empty, where this op reduces
+        // none: that case reduces a new trailing dim of size 1 instead.
+        // `torch.prod` takes one dim, so the dims are reduced one at a time.
+        torch: Torch::Expr(r#"(lambda d, k: (lambda y: y if k else y.squeeze(d))(__import__("functools").reduce(lambda y, i: y.prod(i, keepdim=True), d, x[0].unsqueeze(-1).prod(-1))))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
         location: here!(),
     }
 }

@@ -3,7 +3,7 @@
 //! PyTorch (so one value with correction 1 gives NaN). Float inputs only.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -90,7 +90,8 @@ fn moment_ref(x: &HostTensor, attrs: &Attrs, sqrt: bool) -> OpResult<HostTensor>
     )
 }
 
-/// d var / dx = 2 (x - mean) / divisor; d std = d var / (2 std).
+/// d var / dx = 2 (x - mean) / divisor; d std = d var / (2 std), 0 where
+/// std is 0.
 fn moment_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, sqrt: bool) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
     let x = t.ty(xv)?;
@@ -101,7 +102,13 @@ fn moment_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, sqrt: bool) -> OpResult<Vec<Opt
     let g = unreduce(t, a.grads[0], &x.shape, &dims)?;
     let gx = t.mul(g, xm)?;
     let grad = if sqrt {
+        // Where std is 0 every deviation is 0 too: divide by 1 there, so
+        // the gradient is 0 (as in PyTorch) rather than 0/0.
         let y = unreduce(t, a.outputs[0], &x.shape, &dims)?;
+        let zero = t.full_like(y, 0.0)?;
+        let one = t.full_like(y, 1.0)?;
+        let is_zero = t.call1("eq", &[y, zero], Attrs::new())?;
+        let y = t.call1("where", &[is_zero, one, y], Attrs::new())?;
         let q = t.div(gx, y)?;
         t.scale(q, 1.0 / dv)?
     } else {
@@ -121,7 +128,7 @@ fn moment_sample(g: &mut Gen) -> Sample {
 }
 
 macro_rules! moment_op {
-    ($name:literal, $sqrt:expr) => {
+    ($name:literal, $sqrt:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -135,11 +142,16 @@ macro_rules! moment_op {
                 tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
                 samples: || (0..12).map(|i| moment_sample(&mut Gen::new(600 + i))).collect(),
                 arbitrary: moment_sample,
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-moment_op!("var", false);
-moment_op!("std", true);
+// PyTorch reduces every dim when `dims` is empty, where this op reduces
+// none: that case reduces a new trailing dim of size 1 instead.
+moment_op!("var", false,
+    torch: r#"(lambda d, k: torch.var(x[0], d, correction=a.get("correction", 1), keepdim=k) if d else torch.var(x[0].unsqueeze(-1), -1, correction=a.get("correction", 1)))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);
+moment_op!("std", true,
+    torch: r#"(lambda d, k: torch.std(x[0], d, correction=a.get("correction", 1), keepdim=k) if d else torch.std(x[0].unsqueeze(-1), -1, correction=a.get("correction", 1)))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#);

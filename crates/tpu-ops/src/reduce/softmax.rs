@@ -3,7 +3,7 @@
 //! maximum first; f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::kit::*;
@@ -84,6 +84,9 @@ inventory::submit! {
             s
         },
         arbitrary: |g: &mut Gen| reduce_sample(g, NUMERIC),
+        // PyTorch reduces every dim when `dims` is empty, where this op reduces
+        // none: that case reduces a new trailing dim of size 1 instead.
+        torch: Torch::Expr(r#"(lambda d, k: torch.logsumexp(x[0], d, keepdim=k) if d else torch.logsumexp(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
         location: here!(),
     }
 }
@@ -156,7 +159,7 @@ fn softmax_samples() -> Vec<Sample> {
 }
 
 macro_rules! softmax_op {
-    ($name:literal, $log:expr) => {
+    ($name:literal, $log:expr, torch: $torch:literal) => {
         inventory::submit! {
             OpDef {
                 name: $name,
@@ -170,11 +173,12 @@ macro_rules! softmax_op {
                 tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
                 samples: softmax_samples,
                 arbitrary: |g: &mut Gen| dim_sample(g, FLOATS, -3.0, 3.0),
+                torch: Torch::Expr($torch),
                 location: here!(),
             }
         }
     };
 }
 
-softmax_op!("softmax", false);
-softmax_op!("log_softmax", true);
+softmax_op!("softmax", false, torch: r#"torch.softmax(x[0], a["dim"])"#);
+softmax_op!("log_softmax", true, torch: r#"torch.log_softmax(x[0], a["dim"])"#);

@@ -3,7 +3,7 @@
 
 use ndarray::Axis;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -109,6 +109,9 @@ inventory::submit! {
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..8).map(|i| reduce_sample(&mut Gen::new(i), NUMERIC)).collect(),
         arbitrary: |g: &mut Gen| reduce_sample(g, ALL),
+        // PyTorch reduces every dim when `dims` is empty, where this op reduces
+        // none: that case reduces a new trailing dim of size 1 instead.
+        torch: Torch::Expr(r#"(lambda d, k: torch.sum(x[0], d, keepdim=k) if d else torch.sum(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
         location: here!(),
     }
 }

@@ -1,0 +1,132 @@
+//! The error and gamma function families: `erfc`, `erfinv`, `lgamma`,
+//! `digamma` and `polygamma`, lowered to CHLO and referenced against the
+//! f64 functions in [`super::special`].
+
+use tpu_core::DType;
+use tpu_core::host::Tolerance;
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Torch, Var, VjpArgs};
+use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+
+use super::special;
+use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};
+use crate::here;
+use crate::support::*;
+
+/// `scale * exp(sign * v²)`, the derivative of the erf family.
+fn gaussian(t: &mut dyn Tape, v: Var, sign: f64, scale: f64) -> OpResult<Var> {
+    let v2 = t.mul(v, v)?;
+    let e = t.scale(v2, sign)?;
+    let e = t.unary("exp", e)?;
+    t.scale(e, scale)
+}
+
+fn polygamma_call(t: &mut dyn Tape, n: i64, x: Var) -> OpResult<Var> {
+    t.call1("polygamma", &[x], Attrs::new().with("n", n))
+}
+
+float_op!("erfc",
+    lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.erfc"),
+    reference: special::erfc,
+    vjp: |t, a| chain(t, a, |t, x, _| gaussian(t, x, -1.0, -2.0 / std::f64::consts::PI.sqrt())),
+    range: (-3.0, 5.0), tolerance: transcendental,
+    torch: "torch.erfc(x[0])");
+
+float_op!("erfinv",
+    lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.erf_inv"),
+    reference: special::erfinv,
+    vjp: |t, a| chain(t, a, |t, _, y| gaussian(t, y, 1.0, std::f64::consts::PI.sqrt() / 2.0)),
+    range: (-0.95, 0.95), tolerance: transcendental,
+    torch: "torch.erfinv(x[0])");
+
+float_op!("lgamma",
+    lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.lgamma"),
+    reference: special::lgamma,
+    vjp: |t, a| chain(t, a, |t, x, _| t.unary("digamma", x)),
+    range: (0.2, 6.0), tolerance: transcendental,
+    torch: "torch.lgamma(x[0])");
+
+/// chlo.digamma, with the pole at zero made explicit (-∞ at +0, +∞ at -0,
+/// as in PyTorch): older XLA CPU plugins give NaN there.
+fn lower_digamma(b: &mut Builder, x: &Value) -> Value {
+    let d = lower_float(b, x, "chlo.digamma");
+    let x = b.convert(x, d.dtype());
+    let zero = b.constant(x.dtype(), x.dims(), 0.0);
+    let one = b.constant(x.dtype(), x.dims(), 1.0);
+    let at_zero = b.compare(Compare::Eq, &x, &zero);
+    let recip = b.binary("stablehlo.divide", &one, &x);
+    let pole = b.unary("stablehlo.negate", &recip);
+    b.select(&at_zero, &pole, &d)
+}
+
+float_op!("digamma",
+    lower: lower_digamma,
+    reference: special::digamma,
+    vjp: |t, a| chain(t, a, |t, x, _| polygamma_call(t, 1, x)),
+    range: (0.2, 6.0), tolerance: transcendental,
+    torch: "torch.digamma(x[0])");
+
+/// The order `n` of `polygamma` (0 is digamma).
+fn order(attrs: &Attrs) -> OpResult<u32> {
+    let n = attrs.int("n")?;
+    u32::try_from(n)
+        .ok()
+        .filter(|&n| n <= 64)
+        .ok_or_else(|| format!("polygamma order n must be in 0..=64, got {n}"))
+}
+
+fn infer_polygamma(x: &[TensorType], attrs: &Attrs) -> OpResult<Vec<TensorType>> {
+    order(attrs)?;
+    infer_float(x, attrs)
+}
+
+fn lower_polygamma(b: &mut Builder, x: &[Value], attrs: &Attrs) -> OpResult<Vec<Value>> {
+    let x = b.convert(&x[0], to_float(x[0].dtype()));
+    let n = b.constant(x.dtype(), x.dims(), f64::from(order(attrs)?));
+    Ok(vec![b.binary("chlo.polygamma", &n, &x)])
+}
+
+fn polygamma_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
+    let n = i64::from(order(a.attrs)?);
+    chain(t, a, |t, x, _| polygamma_call(t, n + 1, x))
+}
+
+/// PyTorch's own f64 polygamma is good to about 1e-9, not to the last ulp.
+fn polygamma_tolerance(d: DType) -> Tolerance {
+    if d == DType::F64 {
+        Tolerance::new(1e-9, 1e-8)
+    } else {
+        transcendental(d)
+    }
+}
+
+inventory::submit! {
+    OpDef {
+        name: "polygamma",
+        arity: Arity::Exactly(1),
+        flags: Flags::ELEMENTWISE,
+        dtypes: FLOATS,
+        infer: infer_polygamma,
+        lower: lower_polygamma,
+        reference: |x, attrs| {
+            let (x, n) = (one(x)?, order(attrs)?);
+            let out = to_float(x.dtype());
+            Ok(vec![map_float(&x.cast(out), out, |v| special::polygamma(n, v))])
+        },
+        vjp: Some(polygamma_vjp),
+        tolerance: polygamma_tolerance,
+        samples: || {
+            let mut s = unary_samples(FLOATS, 0.3, 6.0);
+            for (i, sample) in s.iter_mut().enumerate() {
+                sample.attrs.set("n", (i % 4) as i64);
+            }
+            s
+        },
+        arbitrary: |g: &mut Gen| {
+            let mut s = unary_arbitrary(g, FLOATS, 0.3, 6.0);
+            s.attrs.set("n", g.below(4) as i64);
+            s
+        },
+        torch: Torch::Expr(r#"torch.polygamma(a["n"], x[0])"#),
+        location: here!(),
+    }
+}
