@@ -206,7 +206,11 @@ fn arange_sample(g: &mut Gen) -> Sample {
         let n = g.dim() as f64;
         attrs.set("start", start);
         // n elements: end half a step past the last; n = 0 is start itself.
-        let end = if n == 0.0 { start } else { start + step * (n - 0.5) };
+        let end = if n == 0.0 {
+            start
+        } else {
+            start + step * (n - 0.5)
+        };
         attrs.set("end", end);
         attrs.set("step", step);
     } else {

@@ -3,8 +3,8 @@
 //! f64 functions in [`super::special`].
 
 use tpu_core::DType;
-use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Torch, Var, VjpArgs};
+use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::special;
@@ -79,10 +79,70 @@ fn infer_polygamma(x: &[TensorType], attrs: &Attrs) -> OpResult<Vec<TensorType>>
     infer_float(x, attrs)
 }
 
+/// How far negative inputs are shifted up by the recurrence before
+/// chlo.polygamma, which is wrong below zero; inputs at or below `-SHIFT`
+/// give NaN.
+const SHIFT: usize = 32;
+
+/// `x^-(p)` by squaring, for `p >= 1`.
+fn inverse_power(b: &mut Builder, x: &Value, p: u32) -> Value {
+    let one = b.constant(x.dtype(), x.dims(), 1.0);
+    let mut base = b.binary("stablehlo.divide", &one, x);
+    let mut acc: Option<Value> = None;
+    let mut p = p;
+    while p > 0 {
+        if p & 1 == 1 {
+            acc = Some(match acc {
+                Some(a) => b.binary("stablehlo.multiply", &a, &base),
+                None => base.clone(),
+            });
+        }
+        p >>= 1;
+        if p > 0 {
+            base = b.binary("stablehlo.multiply", &base, &base);
+        }
+    }
+    acc.unwrap_or(one)
+}
+
 fn lower_polygamma(b: &mut Builder, x: &[Value], attrs: &Attrs) -> OpResult<Vec<Value>> {
-    let x = b.convert(&x[0], to_float(x[0].dtype()));
-    let n = b.constant(x.dtype(), x.dims(), f64::from(order(attrs)?));
-    Ok(vec![b.binary("chlo.polygamma", &n, &x)])
+    let n = order(attrs)?;
+    if n == 0 {
+        return Ok(vec![lower_digamma(b, &x[0])]);
+    }
+    // f16 and bf16 compute in f32: the shifted sum needs the digits.
+    let out_dtype = to_float(x[0].dtype());
+    let dt = if out_dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let x = b.convert(&x[0], dt);
+    let dims = x.dims().to_vec();
+    let order_n = b.constant(dt, &dims[..], f64::from(n));
+    let direct = b.binary("chlo.polygamma", &order_n, &x);
+    // Below zero: ψ⁽ⁿ⁾(x) = ψ⁽ⁿ⁾(x + M) - (-1)ⁿ n! Σ_{k<M} (x + k)^-(n+1).
+    let shift = b.constant(dt, &dims[..], SHIFT as f64);
+    let up = b.binary("stablehlo.add", &x, &shift);
+    let mut shifted = b.binary("chlo.polygamma", &order_n, &up);
+    let factorial: f64 = (1..=n).map(f64::from).product();
+    let sign = if n % 2 == 0 { -1.0 } else { 1.0 };
+    let coefficient = b.constant(dt, &dims[..], sign * factorial);
+    for k in 0..SHIFT {
+        let offset = b.constant(dt, &dims[..], k as f64);
+        let xk = b.binary("stablehlo.add", &x, &offset);
+        let term = inverse_power(b, &xk, n + 1);
+        let term = b.binary("stablehlo.multiply", &coefficient, &term);
+        shifted = b.binary("stablehlo.add", &shifted, &term);
+    }
+    let zero = b.constant(dt, &dims[..], 0.0);
+    let negative = b.compare(Compare::Lt, &x, &zero);
+    let out = b.select(&negative, &shifted, &direct);
+    let floor = b.constant(dt, &dims[..], -(SHIFT as f64));
+    let too_low = b.compare(Compare::Le, &x, &floor);
+    let nan = b.constant(dt, &dims[..], f64::NAN);
+    let out = b.select(&too_low, &nan, &out);
+    Ok(vec![b.convert(&out, out_dtype)])
 }
 
 fn polygamma_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
@@ -99,6 +159,20 @@ fn polygamma_tolerance(d: DType) -> Tolerance {
     }
 }
 
+/// Keeps negative inputs at least 0.2 from the poles at the integers.
+fn off_the_poles(mut sample: Sample) -> Sample {
+    let x = &sample.inputs[0];
+    let moved = x.to_f64().mapv(|v| {
+        if v >= 0.3 {
+            return v;
+        }
+        let whole = v.floor();
+        whole + 0.5 + (v - whole - 0.5) * 0.6
+    });
+    sample.inputs[0] = HostTensor::float(x.dtype(), moved);
+    sample
+}
+
 inventory::submit! {
     OpDef {
         name: "polygamma",
@@ -110,19 +184,22 @@ inventory::submit! {
         reference: |x, attrs| {
             let (x, n) = (one(x)?, order(attrs)?);
             let out = to_float(x.dtype());
-            Ok(vec![map_float(&x.cast(out), out, |v| special::polygamma(n, v))])
+            let f = |v: f64| if v <= -(SHIFT as f64) { f64::NAN } else { special::polygamma(n, v) };
+            Ok(vec![map_float(&x.cast(out), out, f)])
         },
         vjp: Some(polygamma_vjp),
         tolerance: polygamma_tolerance,
         samples: || {
             let mut s = unary_samples(FLOATS, 0.3, 6.0);
+            // Negative inputs, which take the shifted path.
+            s.extend(unary_samples(FLOATS, -9.7, -0.3).into_iter().map(off_the_poles));
             for (i, sample) in s.iter_mut().enumerate() {
                 sample.attrs.set("n", (i % 4) as i64);
             }
             s
         },
         arbitrary: |g: &mut Gen| {
-            let mut s = unary_arbitrary(g, FLOATS, 0.3, 6.0);
+            let mut s = off_the_poles(unary_arbitrary(g, FLOATS, -6.0, 6.0));
             s.attrs.set("n", g.below(4) as i64);
             s
         },
