@@ -131,6 +131,48 @@ pub(crate) enum Combine {
     Replace,
     /// The update is added (bool: or).
     Add,
+    /// The value is multiplied by the update (bool: and).
+    Mul,
+    /// The larger of the two stays (NaN wins; bool: or).
+    Max,
+    /// The smaller of the two stays (NaN wins; bool: and).
+    Min,
+}
+
+impl Combine {
+    /// `scatter_reduce`'s `reduce` keyword.
+    pub(crate) fn from_reduce(reduce: &str) -> Result<Combine, String> {
+        match reduce {
+            "sum" => Ok(Combine::Add),
+            "prod" => Ok(Combine::Mul),
+            "amax" => Ok(Combine::Max),
+            "amin" => Ok(Combine::Min),
+            other => Err(format!(
+                "reduce must be \"sum\", \"prod\", \"amax\" or \"amin\", got {other:?}"
+            )),
+        }
+    }
+
+    fn floats(self, a: f64, b: f64) -> f64 {
+        match self {
+            Combine::Replace => b,
+            Combine::Add => a + b,
+            Combine::Mul => a * b,
+            _ if a.is_nan() || b.is_nan() => f64::NAN,
+            Combine::Max => a.max(b),
+            Combine::Min => a.min(b),
+        }
+    }
+
+    fn ints(self, a: i64, b: i64) -> i64 {
+        match self {
+            Combine::Replace => b,
+            Combine::Add => a.wrapping_add(b),
+            Combine::Mul => a.wrapping_mul(b),
+            Combine::Max => a.max(b),
+            Combine::Min => a.min(b),
+        }
+    }
 }
 
 /// Scatters `updates` into a copy of `x`: for each position `p` of the
@@ -142,12 +184,11 @@ pub(crate) fn scatter_tensor(
     combine: Combine,
     dest: &dyn Fn(&[usize], &mut Vec<usize>) -> bool,
 ) -> OpResult<HostTensor> {
-    fn run<T: Copy + std::ops::Add<Output = T>>(
+    fn run<T: Copy>(
         mut out: ArrayD<T>,
         upd: &ArrayD<T>,
-        combine: Combine,
         dest: &dyn Fn(&[usize], &mut Vec<usize>) -> bool,
-        add: fn(T, T) -> T,
+        combine: impl Fn(T, T) -> T,
     ) -> ArrayD<T> {
         let mut buf = vec![0usize; out.ndim()];
         for (ix, &u) in upd.indexed_iter() {
@@ -156,10 +197,7 @@ pub(crate) fn scatter_tensor(
                 continue;
             }
             if let Some(slot) = out.get_mut(IxDyn(&buf)) {
-                *slot = match combine {
-                    Combine::Replace => u,
-                    Combine::Add => add(*slot, u),
-                };
+                *slot = combine(*slot, u);
             }
         }
         out
@@ -168,10 +206,10 @@ pub(crate) fn scatter_tensor(
     let updates = updates.cast(dtype);
     Ok(match (x.data(), updates.data()) {
         (HostData::Float(a), HostData::Float(u)) => {
-            HostTensor::float(dtype, run(a.clone(), u, combine, dest, |p, q| p + q))
+            HostTensor::float(dtype, run(a.clone(), u, dest, |p, q| combine.floats(p, q)))
         }
         (HostData::Int(a), HostData::Int(u)) => {
-            HostTensor::int(dtype, run(a.clone(), u, combine, dest, i64::wrapping_add))
+            HostTensor::int(dtype, run(a.clone(), u, dest, |p, q| combine.ints(p, q)))
         }
         _ => return Err("scatter operands disagree in kind".into()),
     })
@@ -267,7 +305,7 @@ pub(crate) fn gather_slices(b: &mut Builder, x: &Value, idx: &Value, dim: usize)
 
 /// The dtype a scatter combines in: f16/bf16 accumulate in f32.
 fn scatter_compute(d: DType, combine: Combine) -> DType {
-    if combine == Combine::Add && matches!(d, DType::F16 | DType::BF16) {
+    if matches!(combine, Combine::Add | Combine::Mul) && matches!(d, DType::F16 | DType::BF16) {
         DType::F32
     } else {
         d
@@ -279,6 +317,13 @@ fn update_region(b: &mut Builder, dtype: DType, combine: Combine) -> String {
     match combine {
         Combine::Add if dtype == DType::Bool => b.scalar_region("stablehlo.or", dtype),
         Combine::Add => b.scalar_region("stablehlo.add", dtype),
+        Combine::Mul | Combine::Min if dtype == DType::Bool => {
+            b.scalar_region("stablehlo.and", dtype)
+        }
+        Combine::Max if dtype == DType::Bool => b.scalar_region("stablehlo.or", dtype),
+        Combine::Mul => b.scalar_region("stablehlo.multiply", dtype),
+        Combine::Max => b.scalar_region("stablehlo.maximum", dtype),
+        Combine::Min => b.scalar_region("stablehlo.minimum", dtype),
         Combine::Replace => {
             let scalar = TensorType::new(dtype, Shape::scalar());
             let region: Result<String, std::convert::Infallible> = b

@@ -1,4 +1,5 @@
-//! Scattering ops: `scatter`, `scatter_add` and `index_add`.
+//! Scattering ops: `scatter`, `scatter_add`, `scatter_reduce` and
+//! `index_add`.
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
@@ -230,6 +231,45 @@ inventory::submit! {
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter_add(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
+        location: here!(),
+    }
+}
+
+/// `scatter_reduce`'s combination, from its `reduce` attribute (default
+/// `"sum"`).
+fn reduce_attr(attrs: &Attrs) -> OpResult<Combine> {
+    Combine::from_reduce(attrs.str_or("reduce", "sum")?)
+}
+
+fn reduce_sample(g: &mut Gen) -> Sample {
+    let mut s = scatter_sample(g, ALL, false);
+    s.attrs
+        .set("reduce", g.pick(&["sum", "prod", "amax", "amin"]));
+    s
+}
+
+// `scatter_reduce(x, index, src; dim, reduce)`: `scatter_add` with the
+// product, the maximum or the minimum in place of the sum; the scattered
+// values combine with what `x` holds there (PyTorch's `include_self=True`).
+inventory::submit! {
+    OpDef {
+        name: "scatter_reduce",
+        arity: Arity::Exactly(3),
+        // No Rust backward rule yet: PyTorch computes its own through the
+        // bridge.
+        flags: Flags::NOT_DIFFERENTIABLE,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            reduce_attr(attrs)?;
+            infer_scatter(x, attrs)
+        },
+        lower: |b, x, attrs| lower_scatter(b, x, attrs, reduce_attr(attrs)?),
+        reference: |x, attrs| reference_scatter(x, attrs, reduce_attr(attrs)?),
+        vjp: None,
+        tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
+        samples: || (0..16).map(|i| reduce_sample(&mut Gen::new(40 + i))).collect(),
+        arbitrary: reduce_sample,
+        torch: Torch::Expr(r#"torch.scatter_reduce(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))], a.get("reduce", "sum"))"#),
         location: here!(),
     }
 }
