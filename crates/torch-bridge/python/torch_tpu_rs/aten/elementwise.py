@@ -39,6 +39,9 @@ kernel("mul.Tensor", "mul.Scalar")(_binary("mul"))
 kernel("maximum")(_binary("maximum"))
 kernel("minimum")(_binary("minimum"))
 kernel("atan2")(_binary("atan2", float_result=True))
+kernel("hypot")(_binary("hypot", float_result=True))
+kernel("fmax")(_binary("fmax"))
+kernel("fmin")(_binary("fmin"))
 kernel("remainder.Tensor", "remainder.Scalar")(_binary("remainder"))
 kernel("bitwise_and.Tensor", "bitwise_and.Scalar")(_binary("bitwise_and"))
 kernel("bitwise_or.Tensor", "bitwise_or.Scalar")(_binary("bitwise_or"))
@@ -148,9 +151,29 @@ for _name in ("abs", "neg", "relu", "sign", "floor", "ceil", "round", "isnan", "
 # Unary ops with a float result.
 for _name in (
     "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid",
-    "silu", "erf", "reciprocal", "log1p", "expm1",
+    "silu", "erf", "reciprocal", "log1p", "expm1", "sinh", "cosh", "asin",
+    "acos", "atan", "asinh", "acosh", "atanh", "erfc", "erfinv", "lgamma",
+    "digamma",
 ):
     kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
+
+
+@kernel("polygamma")
+def polygamma(n, self):
+    return run("polygamma", [self], {"n": n}, _float(self.dtype))
+
+
+@kernel("signbit")
+def signbit(self):
+    if self.dtype == torch.bool:
+        return run("full", [], {"shape": list(self.shape), "dtype": torch.bool, "value": 0.0})
+    negative = run("lt", [self, 0], None, self.dtype)
+    if not self.dtype.is_floating_point:
+        return negative
+    # -0.0 has its sign bit set too: 1 / -0.0 is -inf.
+    zero = run("eq", [self, 0], None, self.dtype)
+    negative_zero = run("logical_and", [zero, run("lt", [run("reciprocal", [self]), 0], None, self.dtype)])
+    return run("logical_or", [negative, negative_zero])
 
 
 @kernel("sgn")

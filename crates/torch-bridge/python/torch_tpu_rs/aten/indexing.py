@@ -60,6 +60,51 @@ def scatter_value(self, dim, index, value):
     return scatter_src(self, dim, index, src)
 
 
+@kernel("scatter_reduce.two")
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    _check_along("scatter_reduce", self, dim, index)
+    base = self
+    if not include_self:
+        # Clear the positions written to: with 0 or 1 for sums and products,
+        # and for extrema with one of the values written there.
+        if reduce in ("amax", "amin"):
+            base = scatter_src(self, dim, index, src)
+        else:
+            base = scatter_value(self, dim, index, 1 if reduce == "prod" else 0)
+    out = run("scatter_reduce", [base, index, src], {"dim": dim, "reduce": "sum" if reduce == "mean" else reduce})
+    if reduce != "mean":
+        return out
+    # The mean over what landed at each position (and the value there).
+    count = torch.ones_like(self) if include_self else torch.zeros_like(self)
+    count = scatter_add(count, dim, index, torch.ones(index.shape, dtype=self.dtype, device=self.device))
+    count = torch.clamp(count, min=1)
+    if self.dtype.is_floating_point:
+        return out / count
+    return torch.div(out, count, rounding_mode="floor")
+
+
+@kernel("scatter.reduce")
+def scatter_reduce_keyword(self, dim, index, src, *, reduce):
+    return scatter_reduce(self, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce])
+
+
+@kernel("scatter.value_reduce")
+def scatter_value_reduce(self, dim, index, value, *, reduce):
+    src = torch.full(index.shape, value, dtype=self.dtype, device=self.device)
+    return scatter_reduce_keyword(self, dim, index, src, reduce=reduce)
+
+
+@kernel("index_reduce")
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    # As a scatter: the 1-D index along dim, broadcast over source's shape.
+    dim = dim % max(1, self.dim())
+    shape = [1] * source.dim()
+    if source.dim():
+        shape[dim] = -1
+    spread = index.reshape(shape).expand(source.shape) if source.dim() else index.reshape(())
+    return scatter_reduce(self, dim, spread, source, reduce, include_self=include_self)
+
+
 @kernel("scatter_add")
 def scatter_add(self, dim, index, src):
     _check_along("scatter_add", self, dim, index)
@@ -116,6 +161,100 @@ def sort_stable(self, *, stable=None, dim=-1, descending=False):
 @kernel("topk")
 def topk(self, k, dim=-1, largest=True, sorted=True):
     return tuple(_C.run("topk", [self], {"k": k, "dim": dim, "largest": largest, "sorted": sorted}))
+
+
+# ---- Order statistics, by a stable sort (NaN sorts last). ----
+
+
+def _order_statistic(values, indices, k, dim, keepdim):
+    """Element ``k`` (a tensor of positions, one per lane) along ``dim`` of
+    sorted ``values`` and the matching ``indices``."""
+    k = k.unsqueeze(dim)
+    v, i = values.gather(dim, k), indices.gather(dim, k)
+    return (v, i) if keepdim else (v.squeeze(dim), i.squeeze(dim))
+
+
+def _lanes(self, dim):
+    """``self`` with at least one dim, and ``dim`` made non-negative."""
+    x = self.reshape(1) if self.dim() == 0 else self
+    return x, dim % x.dim()
+
+
+def _restore(self, pair, keepdim):
+    """For a 0-d input, 0-d results."""
+    if self.dim() == 0:
+        return tuple(t.reshape(()) for t in pair)
+    return pair
+
+
+@kernel("kthvalue")
+def kthvalue(self, k, dim=-1, keepdim=False):
+    x, d = _lanes(self, dim)
+    if not 1 <= k <= x.shape[d]:
+        raise IndexError(f"kthvalue: k = {k} is out of range for dimension {dim} of size {x.shape[d]}")
+    values, indices = sort_stable(x, stable=True, dim=d)
+    lane = list(x.shape)
+    lane[d] = 1
+    position = torch.full(lane, k - 1, dtype=torch.int64, device=x.device).squeeze(d)
+    return _restore(self, _order_statistic(values, indices, position, d, keepdim), keepdim)
+
+
+def _median(self, dim, keepdim, ignore_nan):
+    x, d = _lanes(self, dim)
+    if x.shape[d] == 0:
+        raise IndexError(f"median: dimension {dim} of the input is empty")
+    values, indices = sort_stable(x, stable=True, dim=d)
+    nan = torch.isnan(x) if x.is_floating_point() else torch.zeros_like(x, dtype=torch.bool)
+    nans = nan.sum(d)
+    if ignore_nan:
+        # The lower median of the values that are not NaN (NaN if all are).
+        count = x.shape[d] - nans
+        position = torch.clamp((count - 1) // 2, min=0)
+    else:
+        # Any NaN makes the median NaN, at the first NaN's index (sorted last).
+        position = torch.where(nans > 0, x.shape[d] - nans, (x.shape[d] - 1) // 2)
+    return _restore(self, _order_statistic(values, indices, position, d, keepdim), keepdim)
+
+
+@kernel("median.dim")
+def median_dim(self, dim, keepdim=False):
+    return _median(self, dim, keepdim, ignore_nan=False)
+
+
+@kernel("nanmedian.dim")
+def nanmedian_dim(self, dim, keepdim=False):
+    return _median(self, dim, keepdim, ignore_nan=True)
+
+
+@kernel("median")
+def median(self):
+    return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@kernel("nanmedian")
+def nanmedian(self):
+    return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@kernel("searchsorted.Tensor")
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        sorted_sequence = sorted_sequence.gather(-1, sorter)
+    right = right or side == "right"
+    values = self.reshape(1) if self.dim() == 0 else self
+    if sorted_sequence.dim() == 1:
+        below = sorted_sequence <= values[..., None] if right else sorted_sequence < values[..., None]
+    else:
+        boundaries = sorted_sequence[..., None, :]
+        below = boundaries <= values[..., :, None] if right else boundaries < values[..., :, None]
+    counts = below.sum(-1).reshape(self.shape)
+    return counts.to(torch.int32) if out_int32 else counts
+
+
+@kernel("searchsorted.Scalar")
+def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    value = torch.full((), self, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
+    return searchsorted(sorted_sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
 
 
 @kernel("constant_pad_nd")

@@ -37,17 +37,11 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
 # ---- Convolutions. ----
 
 
-def _conv_op(weight, transposed):
-    if transposed:
-        raise NotImplementedError(
-            "aten::convolution with transposed=True is not implemented for the tpu device"
-        )
-    spatial = weight.ndim - 2
-    if spatial not in (1, 2):
-        raise NotImplementedError(
-            f"aten::convolution with {spatial} spatial dims is not implemented for the tpu device"
-        )
-    return "conv1d" if spatial == 1 else "conv2d"
+def _plain_conv(weight, transposed):
+    """The conv1d or conv2d op for a plain convolution, else None."""
+    if transposed or weight.ndim - 2 not in (1, 2):
+        return None
+    return "conv1d" if weight.ndim == 3 else "conv2d"
 
 
 def _conv_attrs(stride, padding, dilation, groups):
@@ -59,11 +53,61 @@ def _conv_attrs(stride, padding, dilation, groups):
     }
 
 
+def _general_kernel(weight, groups):
+    """A transposed convolution's ``(in, out / groups, k...)`` weight as the
+    ``(out, in / groups, k...)`` kernel of the equivalent convolution over the
+    stride-dilated input: groups regrouped, spatial dims flipped."""
+    cin, cout_g, *k = weight.shape
+    w = weight.reshape(groups, cin // groups, cout_g, *k).transpose(1, 2)
+    return w.reshape(groups * cout_g, cin // groups, *k).flip(list(range(2, weight.ndim)))
+
+
+def _general_weight_grad(grad, weight, groups):
+    """The gradient for a transposed convolution's weight, from the
+    gradient for its :func:`_general_kernel`."""
+    cin, cout_g, *k = weight.shape
+    g = grad.flip(list(range(2, weight.ndim))).reshape(groups, cout_g, cin // groups, *k)
+    return g.transpose(1, 2).reshape(weight.shape)
+
+
+def _general_conv(weight, stride, padding, dilation, transposed, output_padding, groups):
+    """The kernel and attributes of the general ``convolution`` op: any
+    number of spatial dims, and transposed convolutions as convolutions of
+    the input dilated by the stride."""
+    n = weight.ndim - 2
+    if not transposed:
+        pads = [p for p in padding for _ in range(2)]
+        return weight, {
+            "window_strides": list(stride), "padding": pads, "lhs_dilation": [1] * n,
+            "rhs_dilation": list(dilation), "feature_group_count": int(groups),
+        }
+    pads = []
+    for i in range(n):
+        low = dilation[i] * (weight.shape[2 + i] - 1) - padding[i]
+        pads += [low, low + output_padding[i]]
+    return _general_kernel(weight, groups), {
+        "window_strides": [1] * n, "padding": pads, "lhs_dilation": list(stride),
+        "rhs_dilation": list(dilation), "feature_group_count": int(groups),
+    }
+
+
 @kernel("convolution")
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    op = _conv_op(weight, transposed)
-    inputs = [input, weight] + ([bias] if bias is not None else [])
-    return run(op, inputs, _conv_attrs(stride, padding, dilation, groups))
+    op = _plain_conv(weight, transposed)
+    if op is not None:
+        inputs = [input, weight] + ([bias] if bias is not None else [])
+        return run(op, inputs, _conv_attrs(stride, padding, dilation, groups))
+    kernel_, attrs = _general_conv(weight, stride, padding, dilation, transposed, output_padding, groups)
+    # f16 and bf16 accumulate in f32, as PyTorch's CPU kernels do.
+    wide = _accumulator(input.dtype)
+    out = run("convolution", [input.to(wide), kernel_.to(wide)], attrs)
+    if bias is not None:
+        out = out + bias.to(wide).reshape(1, -1, *[1] * (weight.ndim - 2))
+    return out.to(input.dtype)
+
+
+def _accumulator(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 @kernel("convolution_backward")
@@ -71,8 +115,16 @@ def convolution_backward(
     grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
     output_padding, groups, output_mask,
 ):
-    op = _conv_op(weight, transposed)
-    grads = _C.vjp(op, [input, weight], [grad_output], _conv_attrs(stride, padding, dilation, groups))
+    op = _plain_conv(weight, transposed)
+    if op is not None:
+        grads = _C.vjp(op, [input, weight], [grad_output], _conv_attrs(stride, padding, dilation, groups))
+    else:
+        kernel_, attrs = _general_conv(weight, stride, padding, dilation, transposed, output_padding, groups)
+        wide = _accumulator(input.dtype)
+        grads = _C.vjp("convolution", [input.to(wide), kernel_.to(wide)], [grad_output.to(wide)], attrs)
+        if transposed:
+            grads = [grads[0], _general_weight_grad(grads[1], weight, groups)]
+        grads = [g.to(input.dtype) for g in grads]
     grad_input = grads[0] if output_mask[0] else None
     grad_weight = grads[1] if output_mask[1] else None
     grad_bias = None
@@ -230,34 +282,54 @@ def _pair(v):
     return [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
 
 
-def _no_ceil(op, ceil_mode):
-    if ceil_mode:
-        raise NotImplementedError(f"aten::{op} with ceil_mode=True is not implemented for the tpu device")
+def _ceil_extra(size, k, s, p, d):
+    """Bottom or right padding, beyond ``p``, that makes floor-mode pooling
+    give ``ceil_mode``'s output size (PyTorch drops a last window that would
+    start in the right padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
 
 
-def _max_pool_attrs(op, kernel_size, stride, padding, dilation, ceil_mode):
-    _no_ceil(op, ceil_mode)
+def _max_pool_attrs(kernel_size, stride, padding, dilation):
     kernel_size = _pair(kernel_size)
     # An empty stride means the kernel size.
     stride = _pair(stride) if stride else kernel_size
     return {"kernel_size": kernel_size, "stride": stride, "padding": _pair(padding), "dilation": _pair(dilation)}
 
 
-@kernel("max_pool2d_with_indices")
-def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    attrs = _max_pool_attrs("max_pool2d_with_indices", kernel_size, stride, padding, dilation, ceil_mode)
-    out = run("max_pool2d", [self], attrs)
-    return out, _max_pool_indices(self, out, attrs)
-
-
-def _max_pool_indices(x, out, attrs):
-    """Where each window's maximum is, as ``h * W + w`` in the input plane
-    (the first in row-major window order, as PyTorch's kernels): one strided
-    slice of the padded input per kernel offset, compared with the best so
-    far."""
+def _max_pool_input(x, attrs, ceil_mode):
+    """``x``, extended at the bottom and right with the lowest value when
+    ``ceil_mode`` needs windows there."""
+    if not ceil_mode:
+        return x
     (kh, kw), (sh, sw) = attrs["kernel_size"], attrs["stride"]
     (ph, pw), (dh, dw) = attrs["padding"], attrs["dilation"]
-    width = x.shape[-1]
+    eh = _ceil_extra(x.shape[-2], kh, sh, ph, dh)
+    ew = _ceil_extra(x.shape[-1], kw, sw, pw, dw)
+    if eh == ew == 0:
+        return x
+    low = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+    return torch.nn.functional.pad(x, (0, ew, 0, eh), value=low)
+
+
+@kernel("max_pool2d_with_indices")
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    attrs = _max_pool_attrs(kernel_size, stride, padding, dilation)
+    x = _max_pool_input(self, attrs, ceil_mode)
+    out = run("max_pool2d", [x], attrs)
+    return out, _max_pool_indices(x, out, attrs, self.shape[-1])
+
+
+def _max_pool_indices(x, out, attrs, width):
+    """Where each window's maximum is, as ``h * width + w`` in the input
+    plane (the first in row-major window order, as PyTorch's kernels): one
+    strided slice of the padded input per kernel offset, compared with the
+    best so far."""
+    (kh, kw), (sh, sw) = attrs["kernel_size"], attrs["stride"]
+    (ph, pw), (dh, dw) = attrs["padding"], attrs["dilation"]
     oh, ow = out.shape[-2:]
     padded = torch.nn.functional.pad(x, (pw, pw, ph, ph), value=float("-inf"))
     rows = torch.arange(oh, device=x.device) * sh - ph
@@ -278,14 +350,15 @@ def _max_pool_indices(x, out, attrs):
 
 @kernel("max_pool2d_with_indices_backward")
 def max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
-    attrs = _max_pool_attrs("max_pool2d_with_indices_backward", kernel_size, stride, padding, dilation, ceil_mode)
-    return _C.vjp("max_pool2d", [self], [grad_output], attrs)[0]
+    attrs = _max_pool_attrs(kernel_size, stride, padding, dilation)
+    x = _max_pool_input(self, attrs, ceil_mode)
+    grad = _C.vjp("max_pool2d", [x], [grad_output], attrs)[0]
+    if x is self:
+        return grad
+    return grad[..., : self.shape[-2], : self.shape[-1]].contiguous()
 
 
-def _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    _no_ceil("avg_pool2d", ceil_mode)
-    if divisor_override is not None:
-        raise NotImplementedError("aten::avg_pool2d with divisor_override is not implemented for the tpu device")
+def _avg_attrs(kernel_size, stride, padding, count_include_pad):
     kernel_size = _pair(kernel_size)
     return {
         "kernel_size": kernel_size,
@@ -295,15 +368,46 @@ def _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divis
     }
 
 
+def _avg_pool_sums(self, attrs, ceil_mode, count_include_pad, divisor_override):
+    """For ``ceil_mode`` and ``divisor_override``: the input padded
+    explicitly (zeros, plus the ceil-mode overflow), the plain pooling
+    attributes over it, and the divisor per window, so that
+    ``avg_pool2d(padded, plain) / divisor`` is PyTorch's result."""
+    (kh, kw), (sh, sw), (ph, pw) = attrs["kernel_size"], attrs["stride"], attrs["padding"]
+    h, w = self.shape[-2:]
+    eh = _ceil_extra(h, kh, sh, ph, 1) if ceil_mode else 0
+    ew = _ceil_extra(w, kw, sw, pw, 1) if ceil_mode else 0
+    pad = torch.nn.functional.pad
+    padded = pad(self, (pw, pw + ew, ph, ph + eh))
+    plain = {"kernel_size": [kh, kw], "stride": [sh, sw], "padding": [0, 0], "count_include_pad": True}
+    if divisor_override is not None:
+        return padded, plain, float(divisor_override) / (kh * kw)
+    # The share of each window that counts: the input, the explicit padding
+    # when count_include_pad, never the ceil-mode overflow.
+    ones = torch.ones((1, h, w), dtype=self.dtype, device=self.device)
+    counted = pad(ones, (pw, pw, ph, ph), value=1.0 if count_include_pad else 0.0)
+    counted = pad(counted, (0, ew, 0, eh))
+    return padded, plain, run("avg_pool2d", [counted], plain)
+
+
 @kernel("avg_pool2d")
 def avg_pool2d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    return run("avg_pool2d", [self], _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override))
+    attrs = _avg_attrs(kernel_size, stride, padding, count_include_pad)
+    if not ceil_mode and divisor_override is None:
+        return run("avg_pool2d", [self], attrs)
+    padded, plain, divisor = _avg_pool_sums(self, attrs, ceil_mode, count_include_pad, divisor_override)
+    return run("avg_pool2d", [padded], plain) / divisor
 
 
 @kernel("avg_pool2d_backward")
 def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    attrs = _avg_attrs(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    return _C.vjp("avg_pool2d", [self], [grad_output], attrs)[0]
+    attrs = _avg_attrs(kernel_size, stride, padding, count_include_pad)
+    if not ceil_mode and divisor_override is None:
+        return _C.vjp("avg_pool2d", [self], [grad_output], attrs)[0]
+    padded, plain, divisor = _avg_pool_sums(self, attrs, ceil_mode, count_include_pad, divisor_override)
+    grad = _C.vjp("avg_pool2d", [padded], [grad_output / divisor], plain)[0]
+    (ph, pw), (h, w) = attrs["padding"], self.shape[-2:]
+    return grad[..., ph : ph + h, pw : pw + w].contiguous()
 
 
 # ---- Embeddings and losses. ----
@@ -329,23 +433,44 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
-def _nll_args(weight, reduction, ignore_index):
-    if weight is not None:
-        raise NotImplementedError("aten::nll_loss with class weights is not implemented for the tpu device")
+def _nll_args(reduction, ignore_index):
     return {"reduction": _REDUCTIONS[int(reduction)], "ignore_index": int(ignore_index)}
+
+
+def _class_weights(self, target, weight, ignore_index):
+    """The class dim, the targets with ignored ones at class 0, and each
+    target's weight (0 where ignored)."""
+    dim = 1 if self.dim() >= 2 else 0
+    keep = target != ignore_index
+    safe = torch.where(keep, target, torch.zeros_like(target))
+    w = weight.index_select(0, safe.flatten()).reshape(target.shape)
+    return dim, safe, w * keep.to(w.dtype)
 
 
 @kernel("nll_loss_forward", "nll_loss2d_forward")
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
-    out = run("nll_loss", [self, target], _nll_args(weight, reduction, ignore_index))
-    counted = run("ne", [target, ignore_index], None, target.dtype)
-    total = run("sum", [run("cast", [counted], {"dtype": self.dtype})], {"dims": list(range(target.ndim)), "keepdim": False})
-    return out, total
+    if weight is None:
+        out = run("nll_loss", [self, target], _nll_args(reduction, ignore_index))
+        counted = run("ne", [target, ignore_index], None, target.dtype)
+        total = run("sum", [run("cast", [counted], {"dtype": self.dtype})], {"dims": list(range(target.ndim)), "keepdim": False})
+        return out, total
+    dim, safe, w = _class_weights(self, target, weight, ignore_index)
+    losses = -self.gather(dim, safe.unsqueeze(dim)).squeeze(dim) * w
+    total = w.sum()
+    reduction = _REDUCTIONS[int(reduction)]
+    if reduction == "none":
+        return losses, total
+    return (losses.sum() if reduction == "sum" else losses.sum() / total), total
 
 
 @kernel("nll_loss_backward", "nll_loss2d_backward")
 def nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    return _C.vjp("nll_loss", [self, target], [grad_output], _nll_args(weight, reduction, ignore_index))[0]
+    if weight is None:
+        return _C.vjp("nll_loss", [self, target], [grad_output], _nll_args(reduction, ignore_index))[0]
+    dim, safe, w = _class_weights(self, target, weight, ignore_index)
+    g = grad_output / total_weight if _REDUCTIONS[int(reduction)] == "mean" else grad_output
+    picked = (-w * g).unsqueeze(dim)
+    return torch.zeros_like(self).scatter_add(dim, safe.unsqueeze(dim), picked)
 
 
 # ---- Dropout. ----
