@@ -40,6 +40,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "transformers==5.24.0",
     "pytest==9.2.0",
     "maturin==1.16.0",
+    // PyTorch's OpInfo database (torch.testing._internal) imports it.
+    "expecttest==0.3.0",
 ];
 
 /// The PyTorch bridge's crate, built into a wheel by maturin.
@@ -107,7 +109,7 @@ fn python_env() -> Result<(), String> {
     let ready = Command::new(&python)
         .args([
             "-c",
-            "import torch, safetensors, numpy, transformers, pytest, maturin",
+            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest",
         ])
         .output()
         .is_ok_and(|o| o.status.success());

@@ -1,0 +1,307 @@
+"""PyTorch's OpInfo database on the ``tpu`` device against PyTorch's CPU.
+
+Each entry of ``op_db`` that runs on the CPU in float32 has its first
+samples run on ``tpu`` and compared with the CPU's results: forward values
+in float32 (and bfloat16 where the entry supports it) and, for entries that
+support autograd, gradients in float32. There is no CPU fallback: an aten op
+without a tpu kernel fails its entry.
+
+Run as a script for the summary (``python opinfo.py [--ops a,b]
+[--samples N] [--verbose] [--json PATH]``); ``test_opinfo.py`` runs it in a
+fresh process under pytest against the pass-rate bars.
+"""
+
+import argparse
+import collections
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+os.environ.pop("TORCH_TPU_CPU_FALLBACK", None)
+
+import torch  # noqa: E402
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
+
+#: Samples run per entry and dtype.
+SAMPLES = 3
+#: Seconds one entry may take before it counts as failed (a hang is a failure).
+ENTRY_TIMEOUT_S = 60
+#: Forward tolerances per dtype (XLA's transcendental functions differ from
+#: PyTorch's by a few ulps).
+TOLERANCE = {torch.float32: (1e-4, 1.3e-4), torch.bfloat16: (1e-2, 1.6e-2)}
+#: Gradient tolerances (gradients chain several ops).
+GRAD_TOLERANCE = (1e-3, 1e-3)
+
+
+class Unsupported(Exception):
+    """The CPU itself cannot run the sample: not the device's failure."""
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def _map(x, f):
+    if isinstance(x, torch.Tensor):
+        return f(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(v, f) for v in x)
+    if isinstance(x, dict):
+        return {k: _map(v, f) for k, v in x.items()}
+    return x
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    return []
+
+
+def _call(op, sample):
+    return op(sample.input, *sample.args, **sample.kwargs)
+
+
+def _compare(tpu, cpu, tolerance, what):
+    if isinstance(cpu, torch.Tensor):
+        if not isinstance(tpu, torch.Tensor):
+            raise AssertionError(f"{what}: got {type(tpu).__name__}, want a tensor")
+        if tpu.device.type != "tpu":
+            raise AssertionError(f"{what}: result on {tpu.device}, want tpu")
+        atol, rtol = tolerance
+        torch.testing.assert_close(
+            tpu.cpu(), cpu, atol=atol, rtol=rtol, equal_nan=True, check_stride=False, msg=lambda m: f"{what}: {m}")
+    elif isinstance(cpu, (list, tuple)):
+        if not isinstance(tpu, (list, tuple)) or len(tpu) != len(cpu):
+            raise AssertionError(f"{what}: got {type(tpu).__name__}, want {len(cpu)} results")
+        for i, (t, c) in enumerate(zip(tpu, cpu)):
+            _compare(t, c, tolerance, f"{what}[{i}]")
+    elif isinstance(cpu, float) and math.isnan(cpu):
+        if not (isinstance(tpu, float) and math.isnan(tpu)):
+            raise AssertionError(f"{what}: got {tpu}, want nan")
+    elif tpu != cpu:
+        raise AssertionError(f"{what}: got {tpu!r}, want {cpu!r}")
+
+
+def _random(op, sample):
+    """True when the op draws random numbers: its CPU result changes from
+    call to call, or the entry fixes the seed itself (`wrapper_set_seed`).
+    Only shapes and dtypes can be compared."""
+    if "wrapper_set_seed" in getattr(getattr(op.op, "__code__", None), "co_names", ()):
+        return True
+    a, b = _call(op, sample), _call(op, sample)
+    try:
+        _compare_cpu(a, b)
+        return False
+    except AssertionError:
+        return True
+
+
+def _compare_cpu(a, b):
+    for x, y in zip(_tensors(a), _tensors(b)):
+        torch.testing.assert_close(x, y, equal_nan=True, atol=0, rtol=0)
+
+
+def _same_shapes(tpu, cpu):
+    ts, cs = _tensors(tpu), _tensors(cpu)
+    if [(t.shape, t.dtype) for t in ts] != [(c.shape, c.dtype) for c in cs]:
+        raise AssertionError("random op: shapes or dtypes differ from the CPU's")
+
+
+def check_forward(op, dtype, samples):
+    for sample in samples:
+        try:
+            torch.manual_seed(0)
+            expected = _call(op, sample)
+        except Exception as e:  # noqa: BLE001
+            raise Unsupported(f"CPU raises {type(e).__name__}") from e
+        got = _call(op, _to_tpu_sample(sample))
+        if _random(op, sample):
+            _same_shapes(got, expected)
+        else:
+            _compare(got, expected, TOLERANCE[dtype], f"{dtype} forward")
+
+
+def _differentiable_outputs(out):
+    return [t for t in _tensors(out) if t.requires_grad and t.dtype.is_floating_point]
+
+
+def check_gradients(op, samples):
+    for sample in samples:
+        inputs = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
+        if not inputs:
+            continue
+        try:
+            out = _differentiable_outputs(_call(op, sample))
+        except Exception as e:  # noqa: BLE001
+            raise Unsupported(f"CPU raises {type(e).__name__}") from e
+        if not out or _random(op, sample):
+            continue
+        torch.manual_seed(1)
+        cotangents = [torch.randn_like(o) for o in out]
+        expected = torch.autograd.grad(out, inputs, cotangents, allow_unused=True)
+        tpu_sample = _to_tpu_sample(sample)
+        tpu_inputs = [t for t in _tensors((tpu_sample.input, tpu_sample.args, tpu_sample.kwargs)) if t.requires_grad]
+        tpu_out = _differentiable_outputs(_call(op, tpu_sample))
+        got = torch.autograd.grad(tpu_out, tpu_inputs, [c.to("tpu") for c in cotangents], allow_unused=True)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if e is None:
+                continue
+            if g is None:
+                raise AssertionError(f"gradient {i}: none on tpu")
+            _compare(g, e, GRAD_TOLERANCE, f"gradient {i}")
+
+
+def _to_tpu(t):
+    # Leaves stay leaves on the device, with the same requires_grad; the
+    # dtypes `transform` also hands over stay as they are.
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().to("tpu").requires_grad_(t.requires_grad)
+
+
+def _to_tpu_sample(sample):
+    tpu = sample.transform(_to_tpu)
+    # Factory functions are told the device by keyword.
+    if tpu.kwargs.get("device") is not None:
+        tpu.kwargs["device"] = "tpu"
+    return tpu
+
+
+def _samples(op, dtype, requires_grad, n):
+    out = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
+        out.append(s)
+        if len(out) == n:
+            break
+    return out
+
+
+def _first_line(e):
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+#: The checks each entry gets, in order; the first one is the headline.
+STAGES = ("float32 forward", "bfloat16 forward", "float32 gradients")
+
+
+def _stage(check):
+    """``("pass" | "fail" | "skip", why)`` for one check of one entry."""
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(ENTRY_TIMEOUT_S)
+    try:
+        return check()
+    except Unsupported as e:
+        return "skip", str(e)
+    except _Timeout:
+        return "fail", f"over {ENTRY_TIMEOUT_S} s"
+    except Exception as e:  # noqa: BLE001
+        return "fail", _first_line(e)
+    finally:
+        signal.alarm(0)
+
+
+def run_entry(op, samples_per_dtype):
+    """``{stage: (outcome, why)}`` for one OpInfo entry. A stage is skipped
+    where the CPU itself does not run it (no float32 or bfloat16 kernel, no
+    autograd support, a sample the CPU rejects)."""
+
+    def forward(dtype):
+        def check():
+            if dtype not in op.supported_dtypes("cpu"):
+                return "skip", f"no {dtype} on CPU"
+            samples = _samples(op, dtype, False, samples_per_dtype)
+            if not samples:
+                return "skip", "no samples"
+            check_forward(op, dtype, samples)
+            return "pass", ""
+
+        return check
+
+    def gradients():
+        if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
+            return "skip", "no autograd on CPU"
+        check_gradients(op, _samples(op, torch.float32, True, samples_per_dtype))
+        return "pass", ""
+
+    checks = dict(zip(STAGES, (forward(torch.float32), forward(torch.bfloat16), gradients)))
+    return {stage: _stage(check) for stage, check in checks.items()}
+
+
+def run(names=None, samples_per_dtype=SAMPLES, log=None):
+    """Runs the entries (all, or those named) and returns
+    ``{name: {stage: (outcome, why)}}``; ``log`` gets one line per entry."""
+    import torch_tpu_rs  # noqa: F401  (registers the tpu device)
+
+    results = {}
+    for op in op_db:
+        key = op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+        if names and op.name not in names and key not in names:
+            continue
+        start = time.perf_counter()
+        results[key] = run_entry(op, samples_per_dtype)
+        if log:
+            marks = " ".join(results[key][s][0] for s in STAGES)
+            whys = "; ".join(f"{s}: {w}" for s, (o, w) in results[key].items() if o == "fail")
+            log(f"{key:45} {marks:15} {time.perf_counter() - start:6.2f}s {whys}")
+    return results
+
+
+def summary(results, stage=STAGES[0]):
+    """``(passed, failed, skipped, total)`` for one stage."""
+    counts = collections.Counter(r[stage][0] for r in results.values())
+    return counts["pass"], counts["fail"], counts["skip"], len(results)
+
+
+def report(results):
+    """The summary lines: one per stage, and the commonest failures."""
+    lines = []
+    failures = collections.Counter()
+    for r in results.values():
+        for stage, (outcome, why) in r.items():
+            if outcome == "fail":
+                failures[f"{stage}: {why[:110]}"] += 1
+    lines.append("most common failures:")
+    lines += [f"  {n:4}  {why}" for why, n in failures.most_common(40)]
+    for stage in STAGES:
+        passed, failed, skipped, total = summary(results, stage)
+        rate = 100 * passed / max(1, passed + failed)
+        lines.append(f"OpInfo on tpu, {stage}: {passed} passed, {failed} failed, {skipped} skipped"
+                     f" of {total} ({rate:.1f}% of those that run on CPU)")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", help="comma-separated entry names")
+    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--verbose", action="store_true", help="a line per entry")
+    parser.add_argument("--json", help="write {stage: [passed, failed, skipped, total]} and the failures here")
+    args = parser.parse_args()
+    names = set(args.ops.split(",")) if args.ops else None
+    log = (lambda line: print(line, flush=True)) if args.verbose else None
+    results = run(names, args.samples, log)
+    print(report(results), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({
+                "summary": {stage: summary(results, stage) for stage in STAGES},
+                "failures": {name: {s: why for s, (o, why) in r.items() if o == "fail"}
+                             for name, r in results.items()
+                             if any(o == "fail" for o, _ in r.values())},
+            }, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
