@@ -1,7 +1,8 @@
 """PyTorch's OpInfo database on ``tpu`` against PyTorch's CPU (see
 ``opinfo.py``), in a fresh process: the pass rate of each stage, among the
 entries that run on the CPU, must stay at or above its bar. The bars are
-the rates measured when they were last raised; raise them as ops land."""
+the rates measured when they were last raised, less about a point for
+entries that pass or fail by a rounding; raise them as ops land."""
 
 import json
 import os
@@ -15,9 +16,9 @@ SCRIPT = pathlib.Path(__file__).with_name("opinfo.py")
 
 #: The lowest pass rate (passed / (passed + failed)) each stage may have.
 BARS = {
-    "float32 forward": 0.77,
-    "bfloat16 forward": 0.865,
-    "float32 gradients": 0.775,
+    "float32 forward": 0.76,
+    "bfloat16 forward": 0.855,
+    "float32 gradients": 0.765,
 }
 
 
