@@ -204,6 +204,12 @@ arith_op!("pow", dtypes: NUMERIC, float: false, hlo: "stablehlo.power",
 fn select_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult<Vec<Option<Var>>> {
     let (x, y) = promoted(t, a)?;
     let mask = t.call1(pick, &[x, y], Attrs::new())?;
+    route_grads(t, a, mask)
+}
+
+/// Routes the gradient to the first input where `mask` holds, to the second
+/// elsewhere.
+fn route_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, mask: Var) -> OpResult<Vec<Option<Var>>> {
     let zero = t.full_like(a.grads[0], 0.0)?;
     let ga = t.call1("where", &[mask, a.grads[0], zero], Attrs::new())?;
     let gb = t.call1("where", &[mask, zero, a.grads[0]], Attrs::new())?;
@@ -254,10 +260,7 @@ fn nan_ignoring_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, pick: &str) -> OpResult
     let better = t.call1(pick, &[x, y], Attrs::new())?;
     let y_nan = t.call1("isnan", &[y], Attrs::new())?;
     let mask = t.call1("logical_or", &[better, y_nan], Attrs::new())?;
-    let zero = t.full_like(a.grads[0], 0.0)?;
-    let ga = t.call1("where", &[mask, a.grads[0], zero], Attrs::new())?;
-    let gb = t.call1("where", &[mask, zero, a.grads[0]], Attrs::new())?;
-    grads(t, a, ga, gb)
+    route_grads(t, a, mask)
 }
 
 arith_op!("fmax", dtypes: NUMERIC, float: false,
