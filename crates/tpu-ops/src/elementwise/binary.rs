@@ -45,7 +45,7 @@ pub(crate) fn operands(
     (b.broadcast_to(&l, shape), b.broadcast_to(&r, shape))
 }
 
-fn lower_arith(
+pub(crate) fn lower_arith(
     b: &mut Builder,
     x: &[Value],
     float: bool,

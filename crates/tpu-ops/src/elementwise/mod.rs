@@ -6,6 +6,7 @@ mod binary;
 mod compare;
 mod gamma;
 mod logic;
+mod next_after;
 mod select;
 mod special;
 mod trig;

@@ -1,9 +1,9 @@
-//! `permute`, `transpose`, `unsqueeze`, `squeeze` and `flip`.
+//! `permute`, `transpose`, `unsqueeze`, `squeeze`, `flip` and `roll`.
 
 use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
-use tpu_core::stablehlo::TensorType;
+use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
 use crate::here;
@@ -317,6 +317,135 @@ inventory::submit! {
         samples: || (0..8).map(|i| flip_sample(&mut Gen::new(i))).collect(),
         arbitrary: flip_sample,
         torch: Torch::Expr(r#"torch.flip(x[0], a["dims"])"#),
+        location: here!(),
+    }
+}
+
+// ---- roll ----
+
+/// `roll(shifts, dims)`: each `(shift, dim)` pair moves elements `shift`
+/// places along `dim`, wrapping around. Without `dims` the flattened input
+/// rolls by the one shift, as in PyTorch. Returns the pairs with shifts
+/// reduced modulo the size (`None` dims: the flattened case).
+fn roll_plan(x: &TensorType, attrs: &Attrs) -> OpResult<Vec<(usize, usize)>> {
+    let shifts = attrs.ints("shifts")?;
+    let (dims, sizes) = match attrs.ints_opt("dims")? {
+        Some(dims) if !dims.is_empty() => {
+            if dims.len() != shifts.len() {
+                return Err(format!(
+                    "shifts ({} values) and dims ({} values) must have the same length",
+                    shifts.len(),
+                    dims.len()
+                ));
+            }
+            let dims: Vec<usize> = dims
+                .iter()
+                .map(|&d| normalize_dim_scalar_ok(d, x.shape.rank()))
+                .collect::<OpResult<_>>()?;
+            let sizes = dims.iter().map(|&d| lift(&x.shape).dims()[d]).collect();
+            (dims, sizes)
+        }
+        _ => {
+            if shifts.len() != 1 {
+                return Err(format!("without dims, roll takes one shift, not {}", shifts.len()));
+            }
+            (vec![0], vec![x.shape.numel()])
+        }
+    };
+    Ok(dims
+        .into_iter()
+        .zip(sizes)
+        .zip(shifts)
+        .map(|((d, n), s)| (d, if n == 0 { 0 } else { s.rem_euclid(n as i64) as usize }))
+        .collect())
+}
+
+fn roll_flat(attrs: &Attrs) -> OpResult<bool> {
+    Ok(attrs.ints_opt("dims")?.is_none_or(|d| d.is_empty()))
+}
+
+fn lower_roll(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
+    let plan = roll_plan(x.ty(), attrs)?;
+    let flat = roll_flat(attrs)?;
+    let mut y = if flat || x.rank() == 0 {
+        b.reshape(x, &[x.shape().numel()])
+    } else {
+        x.clone()
+    };
+    for (dim, shift) in plan {
+        if shift == 0 {
+            continue;
+        }
+        let n = y.dims()[dim];
+        let cut = |b: &mut Builder, lo: usize, hi: usize| {
+            let mut start = vec![0; y.rank()];
+            let mut limit = y.dims().to_vec();
+            start[dim] = lo;
+            limit[dim] = hi;
+            b.slice(&y, &start, &limit, &vec![1; y.rank()])
+        };
+        let tail = cut(b, n - shift, n);
+        let head = cut(b, 0, n - shift);
+        y = b.concatenate(&[&tail, &head], dim);
+    }
+    Ok(b.reshape(&y, x.dims()))
+}
+
+fn roll_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
+    let plan = roll_plan(&x.ty(), attrs)?;
+    let flat = roll_flat(attrs)? || x.shape().rank() == 0;
+    let y = if flat { reshape_to(x, &Shape::from(vec![x.shape().numel()]))? } else { x.clone() };
+    let shape = y.shape();
+    let sizes = shape.dims();
+    let rolled = remap_tensor(&y, sizes, 0.0, &|ix, src| {
+        src.copy_from_slice(ix);
+        for &(d, s) in &plan {
+            src[d] = (ix[d] + sizes[d] - s) % sizes[d];
+        }
+        true
+    });
+    reshape_to(&rolled, &x.shape())
+}
+
+fn roll_sample(g: &mut Gen) -> Sample {
+    let dtype = g.pick(ALL);
+    let shape = g.shape(0, 4);
+    let mut attrs = Attrs::new();
+    let shift = |g: &mut Gen| g.below(13) as i64 - 6;
+    if shape.rank() == 0 || g.below(4) == 0 {
+        attrs.set("shifts", vec![shift(g)]);
+    } else {
+        let dims = random_dims(g, shape.rank());
+        let dims = if dims.is_empty() { vec![random_dim(g, shape.rank())] } else { dims };
+        attrs.set("shifts", dims.iter().map(|_| shift(g)).collect::<Vec<_>>());
+        attrs.set("dims", dims);
+    }
+    Sample::new(vec![g.tensor(dtype, &shape)], attrs)
+}
+
+inventory::submit! {
+    OpDef {
+        name: "roll",
+        arity: Arity::Exactly(1),
+        flags: Flags::NONE,
+        dtypes: ALL,
+        infer: |x, attrs| {
+            let t = x.first().ok_or("missing input")?;
+            roll_plan(t, attrs)?;
+            Ok(vec![t.clone()])
+        },
+        lower: |b, x, attrs| Ok(vec![lower_roll(b, &x[0], attrs)?]),
+        reference: |x, attrs| Ok(vec![roll_ref(one(x)?, attrs)?]),
+        vjp: Some(|t, a| {
+            let back: Vec<i64> = a.attrs.ints("shifts")?.iter().map(|s| -s).collect();
+            let mut attrs = a.attrs.clone();
+            attrs.set("shifts", back);
+            Ok(vec![Some(t.call1("roll", &[a.grads[0]], attrs)?)])
+        }),
+        tolerance: Tolerance::for_dtype,
+        samples: || (0..12).map(|i| roll_sample(&mut Gen::new(1400 + i))).collect(),
+        arbitrary: roll_sample,
+        torch: Torch::Expr(r#"torch.roll(x[0], a["shifts"], a.get("dims", ()))"#),
         location: here!(),
     }
 }

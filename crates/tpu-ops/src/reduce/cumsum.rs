@@ -8,6 +8,7 @@ use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Torch, Var, 
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
+use super::scan::prefix_scan;
 use crate::here;
 use crate::support::*;
 
@@ -21,27 +22,7 @@ fn cumsum_dim(rank: usize, attrs: &Attrs) -> OpResult<usize> {
 
 /// Inclusive prefix sum of `x` along `dim`, in `x`'s dtype.
 pub(crate) fn prefix_sum(b: &mut Builder, x: &Value, dim: usize) -> Value {
-    if x.rank() == 0 {
-        return x.clone();
-    }
-    let n = x.dims()[dim];
-    let zero = b.constant(x.dtype(), [], 0.0);
-    let mut y = x.clone();
-    let mut k = 1;
-    while k < n {
-        let start = vec![0; x.rank()];
-        let mut limit = x.dims().to_vec();
-        limit[dim] = n - k;
-        let strides = vec![1; x.rank()];
-        let head = b.slice(&y, &start, &limit, &strides);
-        let mut low = vec![0i64; x.rank()];
-        low[dim] = k as i64;
-        let zeros = vec![0i64; x.rank()];
-        let shifted = b.pad(&head, &zero, &low, &zeros, &zeros);
-        y = bin(b, "add", &y, &shifted);
-        k *= 2;
-    }
-    y
+    prefix_scan(b, x, dim, 0.0, |b, y, s| bin(b, "add", y, s))
 }
 
 fn lower_cumsum(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {

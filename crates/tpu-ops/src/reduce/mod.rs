@@ -1,6 +1,6 @@
 //! Reductions over any set of dimensions, with `keepdim`, plus the
 //! reductions along one dimension that keep the shape (`softmax`,
-//! `log_softmax`, `cumsum`).
+//! `log_softmax`, `cumsum`, `cummax`, `logcumsumexp`).
 
 mod cumsum;
 mod extrema;
@@ -8,6 +8,7 @@ pub(crate) mod kit;
 mod logic;
 mod mean;
 mod moments;
+mod scan;
 mod softmax;
 mod sum;
 
