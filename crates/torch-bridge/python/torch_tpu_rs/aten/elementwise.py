@@ -1,6 +1,8 @@
 """Elementwise ops, with PyTorch's type promotion: inputs are cast to the
 result type (``torch.result_type``) before the tpu-rs op runs."""
 
+import math
+
 import torch
 
 from .. import _C
@@ -40,6 +42,34 @@ kernel("maximum")(_binary("maximum"))
 kernel("minimum")(_binary("minimum"))
 kernel("atan2")(_binary("atan2", float_result=True))
 kernel("hypot")(_binary("hypot", float_result=True))
+kernel("nextafter")(_binary("nextafter"))
+
+
+@kernel("frexp.Tensor")
+def frexp(self):
+    """``self = mantissa * 2**exponent`` with ``0.5 <= |mantissa| < 1``;
+    zero, infinities and NaN keep their value with exponent 0."""
+    if not self.is_floating_point():
+        raise RuntimeError(f"frexp: expected a float tensor, got {self.dtype} (tpu)")
+    x = self
+    finite = torch.isfinite(x) & (x != 0)
+    a = torch.where(finite, x.abs(), torch.ones_like(x))
+    e = torch.floor(torch.log2(a.to(torch.float32))).to(torch.int32) + 1
+    # Scale in two halves: 2**-e alone overflows for subnormal inputs.
+    half = torch.div(e, 2, rounding_mode="floor")
+    m = a * torch.exp2((-half).to(x.dtype)) * torch.exp2((half - e).to(x.dtype))
+    e = e + (m >= 1).to(torch.int32) - (m < 0.5).to(torch.int32)
+    m = torch.where(m >= 1, m * 0.5, torch.where(m < 0.5, m * 2, m))
+    mantissa = torch.where(finite, torch.copysign(m, x), x)
+    return mantissa, torch.where(finite, e, torch.zeros_like(e))
+
+
+@kernel("angle")
+def angle(self):
+    """Real inputs: pi below zero, else 0; NaN stays NaN."""
+    x = self if self.is_floating_point() else self.to(torch.get_default_dtype())
+    a = torch.where(x < 0, math.pi, 0.0).to(x.dtype)
+    return torch.where(torch.isnan(x), x, a)
 kernel("fmax")(_binary("fmax"))
 kernel("fmin")(_binary("fmin"))
 kernel("remainder.Tensor", "remainder.Scalar")(_binary("remainder"))

@@ -138,6 +138,11 @@ def flip(self, dims):
     return run("flip", [self], {"dims": list(dims)})
 
 
+@kernel("roll")
+def roll(self, shifts, dims=()):
+    return run("roll", [self], {"shifts": list(shifts), "dims": list(dims)})
+
+
 @kernel("tril")
 def tril(self, diagonal=0):
     return run("tril", [self], {"diagonal": diagonal})
@@ -381,6 +386,37 @@ def index_put(self, indices, values, accumulate=False):
     order = dims + rest
     inverse = [order.index(d) for d in range(self.ndim)]
     return out.permute(inverse).contiguous()
+
+
+@raw("put_")
+def put_(self, index, source, accumulate=False):
+    """``index_put`` on the flattened tensor; negative indices count from
+    the end."""
+    flat = self.reshape(-1)
+    index = index.reshape(-1)
+    _check_bounds("put_", index, flat.shape[0], 0, negative=True)
+    index = torch.where(index < 0, index + flat.shape[0], index)
+    out = index_put(flat, [index], source.reshape(-1), accumulate)
+    _C.copy_into(self, out.reshape(self.shape))
+    return self
+
+
+@raw("masked_scatter_")
+def masked_scatter_(self, mask, source):
+    """The masked positions, in order, take ``source``'s leading elements:
+    the i-th True reads ``source.flatten()[i]``, found by a running count."""
+    mask = mask.expand(self.shape).reshape(-1)
+    count = torch.cumsum(mask.to(torch.int64), 0) - 1
+    src = source.reshape(-1)
+    if _C.eager_mode() == "debug" and mask.numel() and int(count[-1]) >= src.shape[0]:
+        raise RuntimeError(
+            f"masked_scatter_: {int(count[-1]) + 1} masked positions but the source has only {src.shape[0]} elements (tpu)")
+    if src.shape[0] == 0:
+        return self
+    taken = src[count.clamp(0, src.shape[0] - 1)]
+    out = torch.where(mask, taken.to(self.dtype), self.reshape(-1))
+    _C.copy_into(self, out.reshape(self.shape))
+    return self
 
 
 @raw("_index_put_impl_")

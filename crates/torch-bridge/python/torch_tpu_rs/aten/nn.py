@@ -2,6 +2,8 @@
 and attention. Backward kernels run the tpu-rs op's own backward rule
 (``_C.vjp``), so forward and backward agree by construction."""
 
+import math
+
 import torch
 
 from .. import _C
@@ -32,6 +34,70 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if beta == 0:
         return product
     return run("add", [_scaled(self, beta), product], None, product.dtype)
+
+
+@kernel("addbmm")
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    product = _scaled(run("sum", [mm(batch1, batch2)], {"dims": [0]}), alpha)
+    if beta == 0:
+        return product
+    return run("add", [_scaled(self, beta), product], None, product.dtype)
+
+
+@kernel("_cdist_forward")
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    d = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (d != 0).sum(-1).to(x1.dtype)
+    if p == float("inf"):
+        return d.amax(-1) if d.shape[-1] else d.sum(-1)
+    if p == 1:
+        return d.sum(-1)
+    if p == 2:
+        return d.square().sum(-1).sqrt()
+    return d.pow(p).sum(-1).pow(1.0 / p)
+
+
+@kernel("_cdist_backward")
+def _cdist_backward(grad, x1, x2, p, cdist):
+    """The gradient for ``x1``: each distance's derivative along the
+    difference ``x1_i - x2_j`` (zero where the distance is zero)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    dist = cdist.unsqueeze(-1)
+    g = grad.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        part = diff.sign()
+    elif p == float("inf"):
+        part = diff.sign() * (diff.abs() == dist)
+    else:
+        safe = torch.where(dist == 0, torch.ones_like(dist), dist)
+        part = diff.sign() * diff.abs().pow(p - 1) / safe.pow(p - 1)
+        part = torch.where((dist == 0) | (diff == 0), torch.zeros_like(part), part)
+    return (g * part).sum(-2)
+
+
+@kernel("_pdist_forward")
+def _pdist_forward(self, p=2):
+    """Distances between rows ``i < j``, row-major: the strict upper
+    triangle of ``cdist(x, x)``."""
+    n = self.shape[0]
+    i, j = torch.triu_indices(n, n, 1)
+    return _cdist_forward(self, self, p)[i.to(self.device), j.to(self.device)]
+
+
+@kernel("_pdist_backward")
+def _pdist_backward(grad, self, p, pdist):
+    # Each pair's gradient in a symmetric matrix: row i then collects the
+    # derivative of every distance that involves x_i.
+    n = self.shape[0]
+    i, j = (t.to(self.device) for t in torch.triu_indices(n, n, 1))
+    full = torch.zeros((n, n), dtype=grad.dtype, device=self.device)
+    full = full.index_put((i, j), grad).index_put((j, i), grad)
+    dist = torch.zeros((n, n), dtype=grad.dtype, device=self.device)
+    dist = dist.index_put((i, j), pdist).index_put((j, i), pdist)
+    return _cdist_backward(full, self, self, p, dist)
 
 
 # ---- Convolutions. ----
@@ -497,3 +563,25 @@ def native_dropout_backward(grad_output, mask, scale):
 @kernel("_fused_sdp_choice", derive=False)
 def _fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     return 0  # SDPBackend.math
+
+
+@kernel("_scaled_dot_product_flash_attention_for_cpu")
+def _sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """PyTorch's CPU flash-attention entry point: the attention output and
+    the row-wise log-sum-exp of the scaled, masked scores, computed in f32
+    for f16 and bf16 as the CPU kernel does (the log-sum-exp stays f32)."""
+    if dropout_p != 0.0:
+        raise NotImplementedError("_scaled_dot_product_flash_attention_for_cpu with dropout is not implemented for the tpu device")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    dtype = query.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        query, key, value = (t.to(torch.float32) for t in (query, key, value))
+    s = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+    lse = torch.logsumexp(s, -1)
+    out = torch.matmul(torch.softmax(s, -1), value)
+    return out.to(dtype), lse

@@ -3,7 +3,7 @@
 import torch
 
 from .. import _C
-from .registry import raw
+from .registry import kernel, raw
 
 
 def _no_generator(op, generator):
@@ -50,3 +50,38 @@ def random_from_(self, from_, to=None, *, generator=None):
 @raw("random_.to")
 def random_to_(self, to, *, generator=None):
     return random_from_(self, 0, to, generator=generator)
+
+
+@raw("bernoulli_.Tensor")
+def bernoulli_tensor_(self, p, *, generator=None):
+    _no_generator("bernoulli_", generator)
+    u = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+    _C.fill_random("uniform", u, {"low": 0.0, "high": 1.0})
+    self.copy_(u < p.to(self.device))
+    return self
+
+
+@kernel("multinomial")
+def multinomial(self, num_samples, replacement=False, *, generator=None):
+    """Rows of ``self`` are unnormalised weights. With replacement: inverse
+    CDF sampling (``searchsorted`` of uniforms in the running sum); without:
+    the Gumbel top-k trick, which draws exactly as successive sampling
+    without replacement does."""
+    _no_generator("multinomial", generator)
+    if self.ndim not in (1, 2) or not self.is_floating_point():
+        raise RuntimeError(f"multinomial: expected a 1-d or 2-d float tensor of weights, got {self.dtype} {list(self.shape)} (tpu)")
+    w = self if self.ndim == 2 else self.unsqueeze(0)
+    if not replacement and num_samples > w.shape[-1]:
+        raise RuntimeError(f"multinomial: cannot draw {num_samples} samples from {w.shape[-1]} categories without replacement (tpu)")
+    w = w.to(torch.float32)
+    if replacement:
+        cdf = torch.cumsum(w, -1)
+        u = torch.empty((w.shape[0], num_samples), dtype=torch.float32, device=self.device)
+        _C.fill_random("uniform", u, {"low": 0.0, "high": 1.0})
+        draws = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=w.shape[-1] - 1)
+    else:
+        u = torch.empty(w.shape, dtype=torch.float32, device=self.device)
+        _C.fill_random("uniform", u, {"low": 1e-12, "high": 1.0})
+        keys = torch.where(w > 0, torch.log(w) - torch.log(-torch.log(u)), float("-inf"))
+        draws = torch.topk(keys, num_samples, dim=-1).indices
+    return draws if self.ndim == 2 else draws.squeeze(0)

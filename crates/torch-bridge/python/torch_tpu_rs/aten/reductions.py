@@ -1,5 +1,7 @@
 """Reductions, softmax and scans."""
 
+import math
+
 import torch
 
 from .. import _C
@@ -175,6 +177,41 @@ def cumsum(self, dim, *, dtype=None):
     if dtype is None and not (x.dtype.is_floating_point):
         x = run("cast", [x], {"dtype": torch.int64})
     return run("cumsum", [x], {"dim": dim})
+
+
+@kernel("cummax")
+def cummax(self, dim):
+    return tuple(_C.run("cummax", [self], {"dim": dim}))
+
+
+@kernel("cummin")
+def cummin(self, dim):
+    return tuple(_C.run("cummin", [self], {"dim": dim}))
+
+
+@kernel("_logcumsumexp")
+def logcumsumexp(self, dim):
+    return run("logcumsumexp", [self], {"dim": dim})
+
+
+@kernel("histc")
+def histc(self, bins=100, min=0, max=0):
+    """Equal-width bins over ``[min, max]`` (the data's range when both are
+    0); values outside are ignored, ``max`` itself falls in the last bin."""
+    if bins <= 0:
+        raise RuntimeError(f"histc: bins must be > 0, got {bins} (tpu)")
+    lo, hi = float(min), float(max)
+    if lo == hi and self.numel():
+        lo, hi = float(self.min()), float(self.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if lo > hi or not (math.isfinite(lo) and math.isfinite(hi)):
+        raise RuntimeError(f"histc: range [{lo}, {hi}] is not finite and increasing (tpu)")
+    x = self.reshape(-1)
+    inside = (x >= lo) & (x <= hi)
+    b = ((x - lo) * (bins / (hi - lo))).floor().to(torch.int64).clamp(0, bins - 1)
+    counts = torch.zeros(bins, dtype=self.dtype, device=self.device)
+    return counts.index_add(0, b, inside.to(self.dtype))
 
 
 @kernel("linalg_vector_norm")
