@@ -1,7 +1,9 @@
-//! Linear algebra: matmul with batching and broadcasting, dot_general, convolutions and pooling.
+//! Linear algebra: matmul with batching and broadcasting, dot_general,
+//! convolutions, pooling, triangular solves and the Cholesky factorization.
 
 mod conv;
 mod dot;
+mod factor;
 mod pool;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,131 @@
+"""Scans, rolls, scatters, histograms, distances, sampling and adaptive
+pooling on tpu against PyTorch's CPU, including the edge cases (ties, NaN,
+empty windows, negative indices) that OpInfo's samples seldom reach."""
+
+import math
+
+import pytest
+import torch
+from conftest import assert_close
+
+
+def _grad(fn, x, device):
+    t = x.detach().to(device).requires_grad_(True)
+    out = fn(t)
+    out = out[0] if isinstance(out, tuple) else out
+    out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device))
+    return t.grad.cpu()
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin])
+def test_cummax_cummin_ties_nan_and_grad(mode, op):
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, float("nan"), 5.0], [0.0, -1.0, 0.0, 0.0, -2.0, 7.0]])
+    got, want = op(x.to("tpu"), 1), op(x, 1)
+    assert_close(got.values, want.values)
+    assert torch.equal(got.indices.cpu(), want.indices)  # the later tie, then the NaN
+    ints = torch.tensor([4, 4, 1, 9, 9, 2])
+    assert torch.equal(op(ints.to("tpu"), 0).indices.cpu(), op(ints, 0).indices)
+    y = torch.randn(3, 5, dtype=torch.float64)
+    assert torch.allclose(_grad(lambda t: op(t, 0), y, "tpu"), _grad(lambda t: op(t, 0), y, "cpu"))
+
+
+def test_logcumsumexp_wide_range_and_grad(mode):
+    x = torch.tensor([[-1e3, 0.0, 1e3, float("-inf"), 2.0], [5.0, 5.0, float("inf"), 1.0, -3.0]])
+    assert_close(torch.logcumsumexp(x.to("tpu"), 1), torch.logcumsumexp(x, 1))
+    y = torch.randn(4, 6, dtype=torch.float64) * 20
+    assert torch.allclose(_grad(lambda t: torch.logcumsumexp(t, 1), y, "tpu"),
+                          _grad(lambda t: torch.logcumsumexp(t, 1), y, "cpu"))
+
+
+@pytest.mark.parametrize("shifts,dims", [(2, None), (-7, 0), ((1, -2), (0, 1)), ((5, 5), (1, 1))])
+def test_roll(mode, shifts, dims):
+    x = torch.arange(24.0).reshape(4, 6)
+    assert_close(torch.roll(x.to("tpu"), shifts, dims), torch.roll(x, shifts, dims))
+    assert torch.equal(_grad(lambda t: torch.roll(t, shifts, dims), x, "tpu"),
+                       _grad(lambda t: torch.roll(t, shifts, dims), x, "cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_nextafter_is_exactly_one_step(dtype):
+    x = torch.tensor([0.0, 1.0, -1.0, 2.0, float("inf"), 1e-30, float("nan")], dtype=dtype)
+    y = torch.tensor([1.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0], dtype=dtype)
+    assert torch.equal(torch.nextafter(x.to("tpu"), y.to("tpu")).cpu().nan_to_num(7), torch.nextafter(x, y).nan_to_num(7))
+
+
+def test_masked_scatter_and_put(mode):
+    x = torch.zeros(3, 4)
+    mask = torch.tensor([True, False, True, True])
+    src = torch.arange(1.0, 13.0)
+    assert_close(x.to("tpu").masked_scatter(mask.to("tpu"), src.to("tpu")), x.masked_scatter(mask, src))
+    index = torch.tensor([0, -1, 5, 5])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    for accumulate in (False, True):
+        got = x.to("tpu").put_(index.to("tpu"), values.to("tpu"), accumulate=accumulate)
+        want = x.clone().put_(index, values, accumulate=accumulate)
+        if accumulate:
+            assert_close(got, want)
+        else:  # a repeated index takes one of its writes
+            assert got.cpu()[0, 0] == 1 and got.cpu()[2, 3] == 2 and got.cpu()[1, 1] in (3, 4)
+
+
+def test_histc(mode):
+    x = torch.tensor([0.0, 0.5, 1.0, 1.0, 2.5, 3.0, -1.0, 7.0])
+    assert_close(torch.histc(x.to("tpu"), bins=4, min=0, max=3), torch.histc(x, bins=4, min=0, max=3))
+    assert_close(torch.histc(x.to("tpu"), bins=5), torch.histc(x, bins=5))
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, float("inf")])
+def test_cdist_pdist_values_and_grads(p):
+    a = torch.randn(2, 4, 3, dtype=torch.float64)
+    b = torch.randn(2, 5, 3, dtype=torch.float64)
+    assert_close(torch.cdist(a.to("tpu"), b.to("tpu"), p=p), torch.cdist(a, b, p=p), atol=1e-9, rtol=1e-9)
+    if p != 0.0:
+        assert torch.allclose(_grad(lambda t: torch.cdist(t, b.to(t.device), p=p), a, "tpu"),
+                              _grad(lambda t: torch.cdist(t, b.to(t.device), p=p), a, "cpu"))
+        r = torch.randn(5, 3, dtype=torch.float64)
+        assert torch.allclose(_grad(lambda t: torch.pdist(t, p=p), r, "tpu"), _grad(lambda t: torch.pdist(t, p=p), r, "cpu"))
+
+
+def test_multinomial_follows_the_weights():
+    w = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 2.0]])
+    draws = torch.multinomial(w.to("tpu"), 4000, replacement=True).cpu()
+    assert draws.shape == (2, 4000)
+    share = (draws[0] == 2).double().mean().item()
+    assert abs(share - 0.75) < 0.04 and set(draws[0].tolist()) <= {1, 2} and set(draws[1].tolist()) <= {0, 3}
+    rows = torch.multinomial(w.to("tpu"), 2).cpu()
+    assert sorted(rows[0].tolist()) == [1, 2] and sorted(rows[1].tolist()) == [0, 3]
+    with pytest.raises(RuntimeError, match="without replacement"):
+        torch.multinomial(w.to("tpu"), 5)
+
+
+def test_frexp_and_angle(mode):
+    x = torch.tensor([0.0, 1.0, -3.5, 1e-40, 6.0e37, float("inf"), float("nan"), -0.25])
+    m, e = torch.frexp(x.to("tpu"))
+    want_m, want_e = torch.frexp(x)
+    assert torch.equal(m.cpu().nan_to_num(9), want_m.nan_to_num(9)) and torch.equal(e.cpu()[:5], want_e[:5])
+    got = torch.angle(x.to("tpu")).cpu()
+    assert torch.equal(got.nan_to_num(9), torch.angle(x).nan_to_num(9))
+
+
+@pytest.mark.parametrize("size,out", [((2, 3, 7), (3,)), ((1, 2, 5, 7), (3, 4)), ((1, 1, 4, 5, 6), (2, 3, 4))])
+def test_adaptive_pooling_values_indices_and_grads(size, out):
+    x = torch.randn(size, dtype=torch.float64)
+    d = len(out)
+    avg = getattr(torch.nn.functional, f"adaptive_avg_pool{d}d")
+    mx = getattr(torch.nn.functional, f"adaptive_max_pool{d}d")
+    assert_close(avg(x.to("tpu"), out), avg(x, out), atol=1e-12, rtol=1e-12)
+    got, got_i = mx(x.to("tpu"), out, return_indices=True)
+    want, want_i = mx(x, out, return_indices=True)
+    assert_close(got, want)
+    assert torch.equal(got_i.cpu(), want_i)
+    for f in (avg, mx):
+        assert torch.allclose(_grad(lambda t: f(t, out), x, "tpu"), _grad(lambda t: f(t, out), x, "cpu"))
+
+
+def test_flash_attention_for_cpu_entry_point():
+    q, k, v = (torch.randn(2, 3, 4, 8) for _ in range(3))
+    got = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.to("tpu"), k.to("tpu"), v.to("tpu"), is_causal=True)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)
+    assert_close(got[0], want[0])
+    assert_close(got[1], want[1])
+    assert math.isfinite(got[1].cpu().sum().item())
