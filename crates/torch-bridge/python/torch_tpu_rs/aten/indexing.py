@@ -292,6 +292,49 @@ def nonzero(self):
     return torch.nonzero(_C.to_cpu(self)).to(self.device)
 
 
+@kernel("nonzero_static")
+def nonzero_static(self, *, size, fill_value=-1):
+    """``nonzero``'s first ``size`` rows, padded with ``fill_value``."""
+    found = nonzero(self)[:size]
+    pad = torch.full((size - found.shape[0], self.ndim), fill_value, dtype=torch.int64, device=self.device)
+    return torch.cat([found, pad]) if pad.shape[0] else found
+
+
+def _runs(values):
+    """Where each run of equal neighbours in 1-d ``values`` starts."""
+    start = torch.ones(values.shape, dtype=torch.bool, device=values.device)
+    if values.numel() > 1:
+        start[1:] = values[1:] != values[:-1]
+    return start
+
+
+def _unique_from_runs(values, start, order=None):
+    """Distinct values, each element's run (placed back through the sort
+    ``order``, when given) and each run's length."""
+    uniques = values[start]
+    run = torch.cumsum(start.to(torch.int64), 0) - 1
+    inverse = run if order is None else torch.empty_like(run).scatter_(0, order, run)
+    firsts = start.nonzero().reshape(-1)
+    ends = torch.cat([firsts[1:], torch.tensor([values.numel()], device=values.device)])
+    return uniques, inverse, ends - firsts
+
+
+@kernel("_unique2")
+def unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    values, order = torch.sort(self.reshape(-1), stable=True)
+    uniques, inverse, counts = _unique_from_runs(values, _runs(values), order)
+    return uniques, inverse.reshape(self.shape), counts
+
+
+@kernel("unique_consecutive")
+def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None and self.ndim > 1:
+        raise NotImplementedError("aten::unique_consecutive with dim is not implemented for the tpu device")
+    flat = self.reshape(-1)
+    uniques, inverse, counts = _unique_from_runs(flat, _runs(flat))
+    return uniques, inverse.reshape(self.shape), counts
+
+
 @kernel("masked_select")
 def masked_select(self, mask):
     return torch.masked_select(_C.to_cpu(self), _C.to_cpu(mask)).to(self.device)

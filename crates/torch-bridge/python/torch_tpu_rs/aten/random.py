@@ -85,3 +85,17 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
         keys = torch.where(w > 0, torch.log(w) - torch.log(-torch.log(u)), float("-inf"))
         draws = torch.topk(keys, num_samples, dim=-1).indices
     return draws if self.ndim == 2 else draws.squeeze(0)
+
+
+@kernel("rrelu_with_noise")
+def rrelu_with_noise(self, noise, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):
+    """Training draws each negative input's slope from U(lower, upper) and
+    records it in ``noise`` (1 for the others); evaluation uses the mean."""
+    _no_generator("rrelu_with_noise", generator)
+    if not training:
+        return torch.where(self >= 0, self, self * ((lower + upper) / 2))
+    slope = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+    _C.fill_random("uniform", slope, {"low": float(lower), "high": float(upper)})
+    slope = torch.where(self >= 0, torch.ones_like(slope), slope)
+    _C.copy_into(noise, slope)
+    return self * slope

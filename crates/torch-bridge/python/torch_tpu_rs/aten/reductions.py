@@ -214,6 +214,35 @@ def histc(self, bins=100, min=0, max=0):
     return counts.index_add(0, b, inside.to(self.dtype))
 
 
+def _histogram(x, edges, weight, density):
+    """Counts (or ``weight`` sums) between increasing ``edges``: a value
+    equal to an edge falls in the bin it opens, the last edge in the last
+    bin; values outside are dropped."""
+    bins = edges.shape[0] - 1
+    flat = x.reshape(-1)
+    b = (torch.searchsorted(edges, flat, right=True) - 1).clamp(0, bins - 1)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    w = inside.to(x.dtype) if weight is None else torch.where(inside, weight.reshape(-1), 0).to(x.dtype)
+    hist = torch.zeros(bins, dtype=x.dtype, device=x.device).index_add(0, b, w)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@kernel("histogram.bin_ct")
+def histogram(self, bins=100, *, range=None, weight=None, density=False):
+    lo, hi = (float(self.min()), float(self.max())) if range is None and self.numel() else (range or (0.0, 0.0))
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = torch.linspace(lo, hi, bins + 1, dtype=self.dtype, device=self.device)
+    return _histogram(self, edges, weight, density)
+
+
+@kernel("histogram.bins_tensor")
+def histogram_edges(self, bins, *, weight=None, density=False):
+    return _histogram(self, bins.to(self.dtype), weight, density)
+
+
 @kernel("linalg_vector_norm")
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = self if dtype is None else run("cast", [self], {"dtype": dtype})
