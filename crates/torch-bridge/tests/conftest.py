@@ -21,10 +21,10 @@ def seeded():
     torch.manual_seed(0)
 
 
-def assert_close(tpu, cpu, atol=1e-5, rtol=1e-4):
+def assert_close(tpu, cpu, atol=1e-5, rtol=1e-4, equal_nan=False):
     """``tpu`` (a tpu tensor) equals ``cpu`` in dtype, shape and values."""
     assert tpu.device.type == "tpu", tpu.device
-    torch.testing.assert_close(tpu.cpu(), cpu, atol=atol, rtol=rtol)
+    torch.testing.assert_close(tpu.cpu(), cpu, atol=atol, rtol=rtol, equal_nan=equal_nan)
 
 
 def pytest_sessionfinish(session, exitstatus):

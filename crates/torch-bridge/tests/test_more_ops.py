@@ -21,7 +21,7 @@ def _grad(fn, x, device):
 def test_cummax_cummin_ties_nan_and_grad(mode, op):
     x = torch.tensor([[1.0, 3.0, 3.0, 2.0, float("nan"), 5.0], [0.0, -1.0, 0.0, 0.0, -2.0, 7.0]])
     got, want = op(x.to("tpu"), 1), op(x, 1)
-    assert_close(got.values, want.values)
+    assert_close(got.values, want.values, equal_nan=True)
     assert torch.equal(got.indices.cpu(), want.indices)  # the later tie, then the NaN
     ints = torch.tensor([4, 4, 1, 9, 9, 2])
     assert torch.equal(op(ints.to("tpu"), 0).indices.cpu(), op(ints, 0).indices)
@@ -31,7 +31,7 @@ def test_cummax_cummin_ties_nan_and_grad(mode, op):
 
 def test_logcumsumexp_wide_range_and_grad(mode):
     x = torch.tensor([[-1e3, 0.0, 1e3, float("-inf"), 2.0], [5.0, 5.0, float("inf"), 1.0, -3.0]])
-    assert_close(torch.logcumsumexp(x.to("tpu"), 1), torch.logcumsumexp(x, 1))
+    assert_close(torch.logcumsumexp(x.to("tpu"), 1), torch.logcumsumexp(x, 1), equal_nan=True)
     y = torch.randn(4, 6, dtype=torch.float64) * 20
     assert torch.allclose(_grad(lambda t: torch.logcumsumexp(t, 1), y, "tpu"),
                           _grad(lambda t: torch.logcumsumexp(t, 1), y, "cpu"))
@@ -98,11 +98,16 @@ def test_multinomial_follows_the_weights():
         torch.multinomial(w.to("tpu"), 5)
 
 
-def test_frexp_and_angle(mode):
-    x = torch.tensor([0.0, 1.0, -3.5, 1e-40, 6.0e37, float("inf"), float("nan"), -0.25])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_frexp_is_exact_and_angle(mode, dtype):
+    # Normal numbers only: the device flushes subnormals to zero.
+    x = torch.tensor([0.0, 1.0, -3.5, 1.5e-38, 6.0e37, float("inf"), float("nan"), -0.25, 2.0**-100, 3.0e38])
+    x = torch.cat([x, torch.randn(64) * 10.0 ** torch.randint(-30, 30, (64,))]).to(dtype)
     m, e = torch.frexp(x.to("tpu"))
     want_m, want_e = torch.frexp(x)
-    assert torch.equal(m.cpu().nan_to_num(9), want_m.nan_to_num(9)) and torch.equal(e.cpu()[:5], want_e[:5])
+    assert torch.equal(m.cpu().nan_to_num(9), want_m.nan_to_num(9))
+    finite = torch.isfinite(x)
+    assert torch.equal(e.cpu()[finite], want_e[finite])
     got = torch.angle(x.to("tpu")).cpu()
     assert torch.equal(got.nan_to_num(9), torch.angle(x).nan_to_num(9))
 
@@ -129,3 +134,62 @@ def test_flash_attention_for_cpu_entry_point():
     assert_close(got[0], want[0])
     assert_close(got[1], want[1])
     assert math.isfinite(got[1].cpu().sum().item())
+
+
+def _spd(*batch, n=4):
+    m = torch.randn(*batch, n, n, dtype=torch.float64)
+    return m @ m.mT + n * torch.eye(n, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("upper", [False, True])
+def test_cholesky_values_grads_and_errors(upper):
+    a = _spd(2, 3)
+    assert_close(torch.linalg.cholesky(a.to("tpu"), upper=upper), torch.linalg.cholesky(a, upper=upper), atol=1e-10, rtol=1e-10)
+    assert torch.allclose(_grad(lambda t: torch.linalg.cholesky(t, upper=upper), a, "tpu"),
+                          _grad(lambda t: torch.linalg.cholesky(t, upper=upper), a, "cpu"))
+    bad = a.clone()
+    bad[1, 2, 2, 2] = -50.0  # the leading minor of order 3 of matrix (1, 2) fails
+    _, info = torch.linalg.cholesky_ex(bad.to("tpu"))
+    assert torch.equal(info.cpu(), torch.linalg.cholesky_ex(bad)[1])
+    with pytest.raises(torch.linalg.LinAlgError, match="order 3"):
+        torch.linalg.cholesky(bad.to("tpu"))
+
+
+@pytest.mark.parametrize("upper,left,unit", [(False, True, False), (True, False, False), (True, True, True)])
+def test_solve_triangular_broadcasts_and_differentiates(upper, left, unit):
+    a = torch.randn(2, 1, 4, 4, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
+    b = torch.randn(3, 4, 2, dtype=torch.float64) if left else torch.randn(3, 2, 4, dtype=torch.float64)
+    f = lambda t, bb: torch.linalg.solve_triangular(t, bb, upper=upper, left=left, unitriangular=unit)  # noqa: E731
+    assert_close(f(a.to("tpu"), b.to("tpu")), f(a, b), atol=1e-10, rtol=1e-10)
+    assert torch.allclose(_grad(lambda t: f(t, b.to(t.device)), a, "tpu"), _grad(lambda t: f(t, b.to(t.device)), a, "cpu"))
+    l = torch.linalg.cholesky(_spd(n=3))
+    rhs = torch.randn(3, 2, dtype=torch.float64)
+    assert_close(torch.cholesky_solve(rhs.to("tpu"), l.to("tpu")), torch.cholesky_solve(rhs, l), atol=1e-10, rtol=1e-10)
+    assert_close(torch.cholesky_inverse(l.to("tpu")), torch.cholesky_inverse(l), atol=1e-10, rtol=1e-10)
+
+
+def test_unique_and_nonzero_static(mode):
+    x = torch.tensor([[3, 1, 3], [2, 1, 7]])
+    got = torch.unique(x.to("tpu"), return_inverse=True, return_counts=True)
+    for g, w in zip(got, torch.unique(x, return_inverse=True, return_counts=True)):
+        assert torch.equal(g.cpu(), w)
+    y = torch.tensor([1, 1, 2, 2, 2, 1, 5])
+    for g, w in zip(torch.unique_consecutive(y.to("tpu"), return_inverse=True, return_counts=True),
+                    torch.unique_consecutive(y, return_inverse=True, return_counts=True)):
+        assert torch.equal(g.cpu(), w)
+    m = torch.tensor([[0, 1], [1, 1]])
+    for size in (1, 3, 5):
+        assert torch.equal(torch.nonzero_static(m.to("tpu"), size=size).cpu(), torch.nonzero_static(m, size=size))
+
+
+def test_histogram_with_edges_weights_and_density():
+    x = torch.tensor([0.0, 0.5, 1.0, 1.0, 2.5, 3.0, -1.0, 7.0])
+    w = torch.arange(8.0)
+    edges = torch.tensor([0.0, 1.0, 2.5, 3.0])
+    for kw in ({}, {"weight": w}, {"density": True}):
+        kwt = {k: v.to("tpu") if torch.is_tensor(v) else v for k, v in kw.items()}
+        for bins, bins_t in ((4, 4), (edges, edges.to("tpu"))):
+            got = torch.histogram(x.to("tpu"), bins_t, **kwt)
+            want = torch.histogram(x, bins, **kw)
+            assert_close(got.hist, want.hist)
+            assert_close(got.bin_edges, want.bin_edges)

@@ -45,22 +45,36 @@ kernel("hypot")(_binary("hypot", float_result=True))
 kernel("nextafter")(_binary("nextafter"))
 
 
+def _times_pow2(x, k):
+    """``x * 2**k`` for an integer tensor ``k``, exact while every partial
+    product stays normal: one multiply by ``2**(±2**i)`` per bit of ``|k|``
+    (at most ``2**±32`` each, which every f32 and f64 represents)."""
+    n = k.abs()
+    for i in range(11):
+        bit = torch.remainder(torch.div(n, 2**i, rounding_mode="floor"), 2) == 1
+        step = min(2**i, 32)
+        for _ in range(2**i // step):
+            factor = torch.where(k < 0, 2.0**-step, 2.0**step).to(x.dtype)
+            x = torch.where(bit, x * factor, x)
+    return x
+
+
 @kernel("frexp.Tensor")
 def frexp(self):
     """``self = mantissa * 2**exponent`` with ``0.5 <= |mantissa| < 1``;
-    zero, infinities and NaN keep their value with exponent 0."""
+    zero, infinities and NaN keep their value with exponent 0. f16 and bf16
+    work in f32. Subnormal inputs read as zero: the device flushes them."""
     if not self.is_floating_point():
         raise RuntimeError(f"frexp: expected a float tensor, got {self.dtype} (tpu)")
-    x = self
+    x = self.to(torch.float32) if self.dtype in (torch.float16, torch.bfloat16) else self
     finite = torch.isfinite(x) & (x != 0)
     a = torch.where(finite, x.abs(), torch.ones_like(x))
-    e = torch.floor(torch.log2(a.to(torch.float32))).to(torch.int32) + 1
-    # Scale in two halves: 2**-e alone overflows for subnormal inputs.
-    half = torch.div(e, 2, rounding_mode="floor")
-    m = a * torch.exp2((-half).to(x.dtype)) * torch.exp2((half - e).to(x.dtype))
+    e = torch.floor(torch.log2(a)).to(torch.int32) + 1
+    # Moving toward [0.5, 1) keeps every partial product normal.
+    m = _times_pow2(a, -e)
     e = e + (m >= 1).to(torch.int32) - (m < 0.5).to(torch.int32)
     m = torch.where(m >= 1, m * 0.5, torch.where(m < 0.5, m * 2, m))
-    mantissa = torch.where(finite, torch.copysign(m, x), x)
+    mantissa = torch.where(finite, torch.copysign(m, x), x).to(self.dtype)
     return mantissa, torch.where(finite, e, torch.zeros_like(e))
 
 
@@ -68,7 +82,7 @@ def frexp(self):
 def angle(self):
     """Real inputs: pi below zero, else 0; NaN stays NaN."""
     x = self if self.is_floating_point() else self.to(torch.get_default_dtype())
-    a = torch.where(x < 0, math.pi, 0.0).to(x.dtype)
+    a = torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x))
     return torch.where(torch.isnan(x), x, a)
 kernel("fmax")(_binary("fmax"))
 kernel("fmin")(_binary("fmin"))
