@@ -174,6 +174,11 @@ def _to_tpu(t):
     # dtypes `transform` also hands over stay as they are.
     if not isinstance(t, torch.Tensor):
         return t
+    if t._base is not None and not t.requires_grad:
+        # A view stays a view of its moved base, so ops that reach into the
+        # storage around it (as_strided with a storage offset) see the same
+        # elements.
+        return t._base.detach().to("tpu").as_strided(t.size(), t.stride(), t.storage_offset())
     return t.detach().to("tpu").requires_grad_(t.requires_grad)
 
 
