@@ -193,3 +193,22 @@ def test_histogram_with_edges_weights_and_density():
             want = torch.histogram(x, bins, **kw)
             assert_close(got.hist, want.hist)
             assert_close(got.bin_edges, want.bin_edges)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce_values_and_grads(reduce, initial):
+    data = torch.tensor([[1.0, 0.0, 3.0, 3.0, 0.0, 0.0, 5.0], [2.0, -1.0, 4.0, 0.5, 0.0, 6.0, 1.5]], dtype=torch.float64).T
+    lengths = torch.tensor([0, 2, 2, 3])
+    f = lambda t, lens: torch.segment_reduce(t, reduce, lengths=lens, axis=0, initial=initial)  # noqa: E731
+    assert_close(f(data.to("tpu"), lengths.to("tpu")), f(data, lengths), equal_nan=True)
+    if reduce != "prod" or initial is None:
+        assert torch.allclose(_grad(lambda t: f(t, lengths.to(t.device)), data, "tpu"),
+                              _grad(lambda t: f(t, lengths.to(t.device)), data, "cpu"), equal_nan=True)
+
+
+def test_mode_picks_the_smallest_most_frequent_and_its_last_index(mode):
+    x = torch.tensor([[3, 1, 3, 1, 2], [5, 5, 4, 4, 0], [7, 7, 7, 1, 1]])
+    for dim, keepdim in ((1, False), (0, True)):
+        got, want = torch.mode(x.to("tpu"), dim, keepdim), torch.mode(x, dim, keepdim)
+        assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)

@@ -243,6 +243,122 @@ def histogram_edges(self, bins, *, weight=None, density=False):
     return _histogram(self, bins.to(self.dtype), weight, density)
 
 
+def _segment_lengths(lengths, offsets):
+    if lengths is not None:
+        return lengths
+    if offsets is None:
+        raise RuntimeError("segment_reduce: needs lengths or offsets (tpu)")
+    return offsets[..., 1:] - offsets[..., :-1]
+
+
+def _segment_index(data, lengths, axis):
+    """Each element's segment, shaped like ``data``; elements past the last
+    segment get the spare segment ``len(lengths)``."""
+    n = data.shape[axis]
+    ends = torch.cumsum(lengths.to(torch.int64), -1)
+    positions = torch.arange(n, device=data.device).expand(lengths.shape[:-1] + (n,)).contiguous()
+    segment = torch.searchsorted(ends, positions, right=True)
+    return segment.reshape(segment.shape + (1,) * (data.ndim - axis - 1)).expand(data.shape)
+
+
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+_SEGMENT_SCATTER = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min": "amin"}
+
+
+@kernel("segment_reduce")
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Reduces consecutive runs of ``lengths[..., k]`` elements along
+    ``axis`` (``lengths`` has ``data``'s leading dims before ``axis``).
+    Every segment starts from ``initial`` when given (so a mean is
+    ``(initial + sum) / length``); an empty one is ``initial``, else the
+    reduction's identity (NaN for a mean)."""
+    if reduce not in _SEGMENT_IDENTITY:
+        raise RuntimeError(f"segment_reduce: unknown reduction {reduce!r} (tpu)")
+    if indices is not None:
+        raise NotImplementedError("aten::segment_reduce with indices is not implemented for the tpu device")
+    lengths = _segment_lengths(lengths, offsets)
+    axis = axis % data.ndim
+    segments, trail = lengths.shape[-1], data.ndim - axis - 1
+    index = _segment_index(data, lengths, axis)
+    start = _SEGMENT_IDENTITY[reduce] if initial is None else float(initial)
+    shape = list(data.shape)
+    shape[axis] = segments + 1
+    out = torch.full(shape, start, dtype=data.dtype, device=data.device)
+    out = out.scatter_reduce(axis, index, data, _SEGMENT_SCATTER[reduce], include_self=True).narrow(axis, 0, segments)
+    if reduce == "mean":
+        count = lengths.reshape(lengths.shape + (1,) * trail).to(data.dtype)
+        empty = float("nan") if initial is None else float(initial)
+        out = torch.where(count > 0, out / count.clamp(min=1), empty)
+    return out
+
+
+@kernel("_segment_reduce_backward")
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """Each element's share of its segment's gradient: all of it (sum), a
+    1/length part (mean), an equal part among the elements that equal the
+    extreme (max, min), or the product of the segment's others (prod)."""
+    lengths = _segment_lengths(lengths, offsets)
+    axis = axis % data.ndim
+    index = _segment_index(data, lengths, axis)
+    pad = [0, 0] * (data.ndim - axis - 1) + [0, 1]
+
+    def per_element(t):  # a per-segment tensor, read at each element's segment
+        return torch.nn.functional.pad(t, pad).gather(axis, index)
+
+    g = per_element(grad)
+    if reduce == "sum":
+        return g
+    if reduce == "mean":
+        count = lengths.reshape(lengths.shape + (1,) * (data.ndim - axis - 1)).to(grad.dtype)
+        return per_element(grad / count.clamp(min=1).expand(grad.shape))
+    if reduce in ("max", "min"):
+        hit = (data == per_element(output)).to(grad.dtype)
+        shape = list(data.shape)
+        shape[axis] = lengths.shape[-1] + 1
+        ties = torch.zeros(shape, dtype=grad.dtype, device=data.device).scatter_add(axis, index, hit)
+        return g * hit / ties.gather(axis, index).clamp(min=1)
+    if reduce == "prod":
+        shape = list(data.shape)
+        shape[axis] = lengths.shape[-1] + 1
+        zero = data == 0
+        zeros = torch.zeros(shape, dtype=grad.dtype, device=data.device).scatter_add(axis, index, zero.to(grad.dtype))
+        start = 1.0 if initial is None else float(initial)
+        nonzero = torch.full(shape, start, dtype=data.dtype, device=data.device)
+        nonzero = nonzero.scatter_reduce(axis, index, torch.where(zero, torch.ones_like(data), data), "prod")
+        zeros, nonzero = zeros.gather(axis, index), nonzero.gather(axis, index)
+        others = torch.where(zeros == 0, nonzero / torch.where(zero, torch.ones_like(data), data),
+                             torch.where(zero & (zeros == 1), nonzero, torch.zeros_like(data)))
+        return g * others
+    raise RuntimeError(f"segment_reduce: unknown reduction {reduce!r} (tpu)")
+
+
+@kernel("mode")
+def mode(self, dim=-1, keepdim=False):
+    """The most frequent value along ``dim`` (the smallest among equally
+    frequent ones) and the index of its last occurrence, as on the CPU."""
+    if self.ndim == 0:
+        return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    d = dim % self.ndim
+    if self.shape[d] == 0:
+        raise IndexError(f"mode: dimension {dim} of the input is empty (tpu)")
+    x = self.movedim(d, -1)
+    n = x.shape[-1]
+    values, order = torch.sort(x, dim=-1, stable=True)
+    start = torch.ones(values.shape, dtype=torch.bool, device=self.device)
+    start[..., 1:] = values[..., 1:] != values[..., :-1]
+    run = torch.cumsum(start.to(torch.int64), -1) - 1
+    counts = torch.zeros(run.shape, dtype=torch.int64, device=self.device).scatter_add(-1, run, torch.ones_like(run))
+    count = counts.gather(-1, run)
+    # Most frequent, then the earliest run, then the run's last element.
+    where = torch.arange(n, device=self.device)
+    key = (count * (n + 1) + (n - run)) * (n + 1) + where
+    best = key.argmax(-1, keepdim=True)
+    value, index = values.gather(-1, best), order.gather(-1, best)
+    if not keepdim:
+        return value.squeeze(-1), index.squeeze(-1)
+    return value.movedim(-1, d), index.movedim(-1, d)
+
+
 @kernel("linalg_vector_norm")
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     x = self if dtype is None else run("cast", [self], {"dtype": dtype})
