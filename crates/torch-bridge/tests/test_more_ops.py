@@ -212,3 +212,9 @@ def test_mode_picks_the_smallest_most_frequent_and_its_last_index(mode):
     for dim, keepdim in ((1, False), (0, True)):
         got, want = torch.mode(x.to("tpu"), dim, keepdim), torch.mode(x, dim, keepdim)
         assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)
+
+
+def test_hurwitz_zeta_and_its_domain_edges():
+    x = torch.tensor([2.0, 2.0, 2.0, 1.0, 0.5, 3.0, 2.5, 4.0, 7.0, 1.5, 40.0])
+    q = torch.tensor([1.0, 0.0, -1.0, 1.0, 1.0, -1.5, -1.5, 0.5, 30.0, 0.001, 0.01])
+    assert_close(torch.special.zeta(x.to("tpu"), q.to("tpu")), torch.special.zeta(x, q), equal_nan=True)

@@ -1,12 +1,13 @@
 //! The error and gamma function families: `erfc`, `erfinv`, `lgamma`,
-//! `digamma` and `polygamma`, lowered to CHLO and referenced against the
-//! f64 functions in [`super::special`].
+//! `digamma`, `polygamma` and the Hurwitz `zeta`, lowered to CHLO and
+//! referenced against the f64 functions in [`super::special`].
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
+use super::binary::{infer_binary, lower_arith};
 use super::special;
 use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};
 use crate::here;
@@ -204,6 +205,70 @@ inventory::submit! {
             s
         },
         torch: Torch::Expr(r#"torch.polygamma(a["n"], x[0])"#),
+        location: here!(),
+    }
+}
+
+// ---- zeta ----
+
+/// Broadcasting pairs with `x` in (1, 6] and `q` in (0, 4], plus the poles
+/// and the domain edges (`x = 1`, `x < 1`, `q` a non-positive integer,
+/// negative `q` with fractional and integer `x`).
+fn zeta_samples() -> Vec<Sample> {
+    let mut samples: Vec<Sample> = binary_samples(FLOATS)
+        .into_iter()
+        .map(|mut s| {
+            s.inputs[0] = map_float(&s.inputs[0], s.inputs[0].dtype(), |v| 1.25 + (v.abs() % 4.5));
+            s.inputs[1] = map_float(&s.inputs[1], s.inputs[1].dtype(), |v| 0.25 + (v.abs() % 3.5));
+            s
+        })
+        .collect();
+    let x = [2.0, 2.0, 2.0, 1.0, 0.5, 3.0, 2.5, 4.0, 7.0, 1.5];
+    let q = [1.0, 0.0, -1.0, 1.0, 1.0, -1.5, -1.5, 0.5, 30.0, 0.001];
+    for &dtype in &[DType::F32, DType::F64] {
+        let t = |v: &[f64]| HostTensor::from_f64(dtype, [v.len()], v.to_vec());
+        if let (Some(x), Some(q)) = (t(&x), t(&q)) {
+            samples.push(Sample::new(vec![x, q], Attrs::new()));
+        }
+    }
+    samples
+}
+
+inventory::submit! {
+    OpDef {
+        name: "zeta",
+        arity: Arity::Exactly(2),
+        // PyTorch has no gradient for `x`, and this op none for either.
+        flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
+        dtypes: FLOATS,
+        infer: |x, _| Ok(vec![infer_binary(x, FLOATS, true)?]),
+        lower: |b, x, _| Ok(lower_arith(b, x, true, |b, s, q| {
+            // chlo.zeta in f32 for f16 and bf16, whose range it overflows.
+            let dtype = s.dtype();
+            let wide = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
+            let (s, q) = (b.convert(s, wide), b.convert(q, wide));
+            let z = b.binary("chlo.zeta", &s, &q);
+            // For x > 1 and q > 0 the sum is positive; chlo.zeta gives NaN
+            // where it overflows.
+            let (one, zero) = (b.constant(wide, s.dims(), 1.0), b.constant(wide, s.dims(), 0.0));
+            let converges = b.compare(Compare::Gt, &s, &one);
+            let positive_q = b.compare(Compare::Gt, &q, &zero);
+            let nan = b.compare(Compare::Ne, &z, &z);
+            let overflow = b.binary("stablehlo.and", &converges, &positive_q);
+            let overflow = b.binary("stablehlo.and", &overflow, &nan);
+            let inf = b.constant(wide, s.dims(), f64::INFINITY);
+            let z = b.select(&overflow, &inf, &z);
+            b.convert(&z, dtype)
+        })),
+        reference: |x, _| {
+            let dtype = promote(&x[0].ty(), &x[1].ty());
+            Ok(vec![binary(&x[0], &x[1], dtype, dtype, special::zeta, |_, _| 0)?])
+        },
+        vjp: None,
+        tolerance: |d| transcendental(d).scaled(4.0),
+        samples: zeta_samples,
+        arbitrary: |g: &mut Gen| binary_arbitrary(g, FLOATS),
+        torch: Torch::Expr("torch.special.zeta(x[0], x[1])"),
         location: here!(),
     }
 }

@@ -43,6 +43,7 @@ kernel("minimum")(_binary("minimum"))
 kernel("atan2")(_binary("atan2", float_result=True))
 kernel("hypot")(_binary("hypot", float_result=True))
 kernel("nextafter")(_binary("nextafter"))
+kernel("special_zeta")(_binary("zeta", float_result=True))
 
 
 def _times_pow2(x, k):
