@@ -218,3 +218,19 @@ def test_hurwitz_zeta_and_its_domain_edges():
     x = torch.tensor([2.0, 2.0, 2.0, 1.0, 0.5, 3.0, 2.5, 4.0, 7.0, 1.5, 40.0])
     q = torch.tensor([1.0, 0.0, -1.0, 1.0, 1.0, -1.5, -1.5, 0.5, 30.0, 0.001, 0.01])
     assert_close(torch.special.zeta(x.to("tpu"), q.to("tpu")), torch.special.zeta(x, q), equal_nan=True)
+
+
+@pytest.mark.parametrize("mode_", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag(mode_, include_last_offset):
+    weight = torch.randn(10, 3)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 4, 4, 6, 9]) if include_last_offset else torch.tensor([0, 4, 4, 6])
+    kw = {"mode": mode_, "include_last_offset": include_last_offset, "padding_idx": 2}
+    got = torch.nn.functional.embedding_bag(indices.to("tpu"), weight.to("tpu"), offsets.to("tpu"), **kw)
+    assert_close(got, torch.nn.functional.embedding_bag(indices, weight, offsets, **kw))
+    if mode_ == "sum":
+        psw = torch.rand(9)
+        got = torch.nn.functional.embedding_bag(indices.to("tpu"), weight.to("tpu"), offsets.to("tpu"),
+                                                per_sample_weights=psw.to("tpu"), mode="sum")
+        assert_close(got, torch.nn.functional.embedding_bag(indices, weight, offsets, per_sample_weights=psw, mode="sum"))

@@ -479,6 +479,46 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
 # ---- Embeddings and losses. ----
 
 
+@kernel("_embedding_bag_forward_only", "_embedding_bag")
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bag ``b`` sums (mode 0), averages (1) or takes the maximum (2) of the
+    rows ``weight[indices[offsets[b]:offsets[b + 1]]]``, skipping
+    ``padding_idx``; an empty bag is zeros. Returns the bags, each index's
+    bag, each bag's size and, for the maximum, the row each value came
+    from."""
+    n, dim = indices.numel(), weight.shape[1]
+    bags = offsets.numel() - (1 if include_last_offset else 0)
+    indices = indices.reshape(-1)
+    bag = (torch.searchsorted(offsets[:bags].contiguous(), torch.arange(n, device=weight.device), right=True) - 1).clamp(min=0)
+    if include_last_offset and bags:
+        inside = torch.arange(n, device=weight.device) < offsets[bags]
+    else:
+        inside = torch.ones(n, dtype=torch.bool, device=weight.device)
+    keep = inside if padding_idx is None or padding_idx < 0 else inside & (indices != padding_idx)
+    rows = weight[indices]
+    size = torch.zeros(bags, dtype=torch.int64, device=weight.device).index_add(0, bag, keep.to(torch.int64))
+    if mode == 2:
+        wide = bag.unsqueeze(1).expand(n, dim)
+        masked = torch.where(keep.unsqueeze(1), rows, float("-inf"))
+        out = torch.full((bags, dim), float("-inf"), dtype=weight.dtype, device=weight.device)
+        out = out.scatter_reduce(0, wide, masked, "amax", include_self=True)
+        hit = keep.unsqueeze(1) & (masked == out[bag])
+        where = torch.where(hit, torch.arange(n, device=weight.device).unsqueeze(1), -1)
+        first = torch.full((bags, dim), -1, dtype=torch.int64, device=weight.device)
+        first = first.scatter_reduce(0, wide, where, "amax", include_self=True)
+        max_indices = torch.where(first >= 0, indices[first.clamp(min=0)], 0)
+        out = torch.where(size.unsqueeze(1) > 0, out, torch.zeros_like(out))
+        return out, bag, size, max_indices
+    scale = keep.to(weight.dtype).unsqueeze(1)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.reshape(-1, 1).to(weight.dtype)
+    out = torch.zeros((bags, dim), dtype=weight.dtype, device=weight.device).index_add(0, bag, rows * scale)
+    if mode == 1:
+        out = out / size.clamp(min=1).unsqueeze(1).to(weight.dtype)
+    return out, bag, size, torch.zeros(bags, dtype=torch.int64, device=weight.device)
+
+
 @kernel("embedding_dense_backward")
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     if scale_grad_by_freq:
