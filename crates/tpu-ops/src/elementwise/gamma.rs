@@ -218,8 +218,12 @@ fn zeta_samples() -> Vec<Sample> {
     let mut samples: Vec<Sample> = binary_samples(FLOATS)
         .into_iter()
         .map(|mut s| {
-            s.inputs[0] = map_float(&s.inputs[0], s.inputs[0].dtype(), |v| 1.25 + (v.abs() % 4.5));
-            s.inputs[1] = map_float(&s.inputs[1], s.inputs[1].dtype(), |v| 0.25 + (v.abs() % 3.5));
+            s.inputs[0] = map_float(&s.inputs[0], s.inputs[0].dtype(), |v| {
+                1.25 + (v.abs() % 4.5)
+            });
+            s.inputs[1] = map_float(&s.inputs[1], s.inputs[1].dtype(), |v| {
+                0.25 + (v.abs() % 3.5)
+            });
             s
         })
         .collect();

@@ -55,7 +55,11 @@ pub(crate) fn next_after(x: f64, y: f64, dtype: DType) -> f64 {
         step /= 2.0;
     }
     let r = x + toward * step;
-    if r.abs() > largest { r.signum() * f64::INFINITY } else { r }
+    if r.abs() > largest {
+        r.signum() * f64::INFINITY
+    } else {
+        r
+    }
 }
 
 fn next_after_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
@@ -69,7 +73,18 @@ fn next_after_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
 fn next_after_samples() -> Vec<Sample> {
     let mut samples = binary_samples(FLOATS);
     for (i, &dtype) in FLOATS.iter().enumerate() {
-        let x = [0.0, 0.0, 1.0, 1.0, -1.0, f64::INFINITY, f64::NEG_INFINITY, 2.0, f64::NAN, 0.5];
+        let x = [
+            0.0,
+            0.0,
+            1.0,
+            1.0,
+            -1.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            2.0,
+            f64::NAN,
+            0.5,
+        ];
         let y = [1.0, -1.0, 1.0, 0.0, -2.0, 0.0, 0.0, 1.0, 0.0, f64::NAN];
         let mut g = Gen::new(1500 + i as u64);
         let t = |v: &[f64]| HostTensor::from_f64(dtype, [v.len()], v.to_vec());
@@ -111,11 +126,20 @@ mod tests {
             f32::from_bits(if (x > 0.0) == up { b + 1 } else { b - 1 }) as f64
         };
         for x in [1.0f32, -1.0, 3.5, 1e-38, 6e-39, f32::MAX, 0.1] {
-            assert_eq!(next_after(x as f64, 10.0 * x.abs() as f64 + 1.0, DType::F32), f32_next(x, true));
-            assert_eq!(next_after(x as f64, -10.0 * x.abs() as f64 - 1.0, DType::F32), f32_next(x, false));
+            assert_eq!(
+                next_after(x as f64, 10.0 * x.abs() as f64 + 1.0, DType::F32),
+                f32_next(x, true)
+            );
+            assert_eq!(
+                next_after(x as f64, -10.0 * x.abs() as f64 - 1.0, DType::F32),
+                f32_next(x, false)
+            );
         }
         assert_eq!(next_after(0.0, 1.0, DType::F32), f32::from_bits(1) as f64);
-        assert_eq!(next_after(f32::MAX as f64, f64::INFINITY, DType::F32), f64::INFINITY);
+        assert_eq!(
+            next_after(f32::MAX as f64, f64::INFINITY, DType::F32),
+            f64::INFINITY
+        );
         assert_eq!(next_after(1.0, 2.0, DType::BF16), 1.0 + 2f64.powi(-7));
         assert_eq!(next_after(1.0, 0.0, DType::F16), 1.0 - 2f64.powi(-11));
         assert_eq!(next_after(1.0, 2.0, DType::F64), 1.0 + f64::EPSILON);

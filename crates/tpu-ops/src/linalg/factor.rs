@@ -24,7 +24,10 @@ use crate::support::*;
 fn matrix(t: &TensorType, what: &str) -> OpResult<(Vec<usize>, usize, usize)> {
     let d = t.shape.dims();
     if d.len() < 2 {
-        return Err(format!("{what} must have at least 2 dimensions, got shape {}", t.shape));
+        return Err(format!(
+            "{what} must have at least 2 dimensions, got shape {}",
+            t.shape
+        ));
     }
     require_dtype(t.dtype, FLOATS, what)?;
     Ok((d[..d.len() - 2].to_vec(), d[d.len() - 2], d[d.len() - 1]))
@@ -40,14 +43,18 @@ fn matrices(x: &ArrayD<f64>) -> Vec<Array2<f64>> {
     }
     values
         .chunks(m * n)
-        .map(|c| Array2::from_shape_vec((m, n), c.to_vec()).unwrap_or_else(|_| unreachable!("chunk is m × n")))
+        .map(|c| {
+            Array2::from_shape_vec((m, n), c.to_vec())
+                .unwrap_or_else(|_| unreachable!("chunk is m × n"))
+        })
         .collect()
 }
 
 /// The inverse of [`matrices`].
 fn stack(mats: Vec<Array2<f64>>, dims: &[usize]) -> ArrayD<f64> {
     let values: Vec<f64> = mats.iter().flat_map(|m| m.iter().copied()).collect();
-    ArrayD::from_shape_vec(IxDyn(dims), values).unwrap_or_else(|_| unreachable!("batch of matrices fills the shape"))
+    ArrayD::from_shape_vec(IxDyn(dims), values)
+        .unwrap_or_else(|_| unreachable!("batch of matrices fills the shape"))
 }
 
 // ---- triangular_solve ----
@@ -61,7 +68,9 @@ struct Solve {
 }
 
 fn solve_plan(x: &[TensorType], attrs: &Attrs) -> OpResult<Solve> {
-    let [a, b] = x else { return Err("takes two inputs: the triangular matrix and the right-hand side".into()) };
+    let [a, b] = x else {
+        return Err("takes two inputs: the triangular matrix and the right-hand side".into());
+    };
     let (ab, n, n2) = matrix(a, "the matrix")?;
     let (bb, r, c) = matrix(b, "the right-hand side")?;
     let plan = Solve {
@@ -84,13 +93,25 @@ fn solve_plan(x: &[TensorType], attrs: &Attrs) -> OpResult<Solve> {
 
 fn lower_solve(b: &mut Builder, a: &Value, rhs: &Value, p: Solve) -> Value {
     let dtype = a.dtype();
-    let (a, rhs) = (b.convert(a, accumulator(dtype)), b.convert(rhs, accumulator(dtype)));
-    let transpose = if p.transpose { "TRANSPOSE" } else { "NO_TRANSPOSE" };
+    let (a, rhs) = (
+        b.convert(a, accumulator(dtype)),
+        b.convert(rhs, accumulator(dtype)),
+    );
+    let transpose = if p.transpose {
+        "TRANSPOSE"
+    } else {
+        "NO_TRANSPOSE"
+    };
     let attrs = format!(
         "left_side = {}, lower = {}, unit_diagonal = {}, transpose_a = #stablehlo<transpose {transpose}>",
         p.left, p.lower, p.unit
     );
-    let x = b.op1("stablehlo.triangular_solve", &[&a, &rhs], &attrs, rhs.ty().clone());
+    let x = b.op1(
+        "stablehlo.triangular_solve",
+        &[&a, &rhs],
+        &attrs,
+        rhs.ty().clone(),
+    );
     b.convert(&x, dtype)
 }
 
@@ -102,14 +123,22 @@ fn effective(a: &Array2<f64>, p: Solve) -> (Array2<f64>, bool) {
         _ if (p.lower && j <= i) || (!p.lower && j >= i) => a[(i, j)],
         _ => 0.0,
     });
-    if p.transpose { (t.t().to_owned(), !p.lower) } else { (t, p.lower) }
+    if p.transpose {
+        (t.t().to_owned(), !p.lower)
+    } else {
+        (t, p.lower)
+    }
 }
 
 /// Solves `t x = b` for triangular `t` by substitution.
 fn substitute(t: &Array2<f64>, lower: bool, b: &Array2<f64>) -> Array2<f64> {
     let n = t.nrows();
     let mut x = b.clone();
-    let order: Vec<usize> = if lower { (0..n).collect() } else { (0..n).rev().collect() };
+    let order: Vec<usize> = if lower {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    };
     for col in 0..b.ncols() {
         for &i in &order {
             let mut s = b[(i, col)];
@@ -132,7 +161,9 @@ fn solve_ref(a: &HostTensor, rhs: &HostTensor, p: Solve) -> HostTensor {
                 substitute(&t, lower, &b)
             } else {
                 // x t = b  <=>  tᵀ xᵀ = bᵀ.
-                substitute(&t.t().to_owned(), !lower, &b.t().to_owned()).t().to_owned()
+                substitute(&t.t().to_owned(), !lower, &b.t().to_owned())
+                    .t()
+                    .to_owned()
             }
         })
         .collect();
@@ -140,7 +171,11 @@ fn solve_ref(a: &HostTensor, rhs: &HostTensor, p: Solve) -> HostTensor {
 }
 
 fn mt(t: &mut dyn Tape, x: Var) -> OpResult<Var> {
-    t.call1("transpose", &[x], Attrs::new().with("dim0", -2i64).with("dim1", -1i64))
+    t.call1(
+        "transpose",
+        &[x],
+        Attrs::new().with("dim0", -2i64).with("dim1", -1i64),
+    )
 }
 
 fn matmul(t: &mut dyn Tape, x: Var, y: Var) -> OpResult<Var> {
@@ -154,7 +189,11 @@ fn own_triangle(t: &mut dyn Tape, g: Var, p: Solve) -> OpResult<Var> {
         (true, true) => -1,
         (false, true) => 1,
     };
-    t.call1(if p.lower { "tril" } else { "triu" }, &[g], Attrs::new().with("diagonal", diagonal))
+    t.call1(
+        if p.lower { "tril" } else { "triu" },
+        &[g],
+        Attrs::new().with("diagonal", diagonal),
+    )
 }
 
 /// `gb` solves the transposed system; `g op(T) = -x gbᵀ`-style outer
@@ -210,10 +249,15 @@ fn solve_sample(g: &mut Gen) -> Sample {
         .enumerate()
         .map(|(i, &v)| {
             let diagonal = i % (n * n) % (n + 1) == 0;
-            if diagonal { (2.0 + v.abs()).copysign(v) } else { v }
+            if diagonal {
+                (2.0 + v.abs()).copysign(v)
+            } else {
+                v
+            }
         })
         .collect();
-    let a = HostTensor::from_f64(dtype, a_dims, values).unwrap_or_else(|| unreachable!("value count matches the shape"));
+    let a = HostTensor::from_f64(dtype, a_dims, values)
+        .unwrap_or_else(|| unreachable!("value count matches the shape"));
     let b = g.tensor_in(dtype, &b_dims.as_slice().into(), -2.0, 2.0);
     Sample::new(vec![a, b], attrs)
 }
@@ -266,7 +310,12 @@ fn lower_cholesky(b: &mut Builder, x: &Value) -> Value {
     let sum = b.binary("stablehlo.add", &a, &at);
     let half = b.constant(a.dtype(), a.dims(), 0.5);
     let sym = b.binary("stablehlo.multiply", &sum, &half);
-    let l = b.op1("stablehlo.cholesky", &[&sym], "lower = true", sym.ty().clone());
+    let l = b.op1(
+        "stablehlo.cholesky",
+        &[&sym],
+        "lower = true",
+        sym.ty().clone(),
+    );
     // Keep the lower triangle; NaN out matrices whose diagonal is not positive.
     let n = a.dims()[r - 1];
     let rows = b.iota(DType::I64, &[n, n], 0);
@@ -294,12 +343,13 @@ fn cholesky_f64(a: Array2<f64>) -> Array2<f64> {
     let mut l = Array2::<f64>::zeros((n, n));
     for j in 0..n {
         let d = s[(j, j)] - (0..j).map(|k| l[(j, k)] * l[(j, k)]).sum::<f64>();
-        if !(d > 0.0) {
+        if d.is_nan() || d <= 0.0 {
             return Array2::from_elem((n, n), f64::NAN);
         }
         l[(j, j)] = d.sqrt();
         for i in j + 1..n {
-            l[(i, j)] = (s[(i, j)] - (0..j).map(|k| l[(i, k)] * l[(j, k)]).sum::<f64>()) / l[(j, j)];
+            l[(i, j)] =
+                (s[(i, j)] - (0..j).map(|k| l[(i, k)] * l[(j, k)]).sum::<f64>()) / l[(j, j)];
         }
     }
     l
@@ -339,13 +389,18 @@ fn cholesky_sample(g: &mut Gen) -> Sample {
         for i in 0..n {
             for j in 0..n {
                 let dot: f64 = (0..n).map(|k| m[i * n + k] * m[j * n + k]).sum();
-                let shift = if i == j { n as f64 * if indefinite && i == n - 1 { -2.0 } else { 1.0 } } else { 0.0 };
+                let shift = if i == j {
+                    n as f64 * if indefinite && i == n - 1 { -2.0 } else { 1.0 }
+                } else {
+                    0.0
+                };
                 values.push(dot + shift);
             }
         }
     }
     let dims = [batch, vec![n, n]].concat();
-    let x = HostTensor::from_f64(dtype, dims, values).unwrap_or_else(|| unreachable!("value count matches the shape"));
+    let x = HostTensor::from_f64(dtype, dims, values)
+        .unwrap_or_else(|| unreachable!("value count matches the shape"));
     Sample::new(vec![x], Attrs::new())
 }
 

@@ -347,7 +347,10 @@ fn roll_plan(x: &TensorType, attrs: &Attrs) -> OpResult<Vec<(usize, usize)>> {
         }
         _ => {
             if shifts.len() != 1 {
-                return Err(format!("without dims, roll takes one shift, not {}", shifts.len()));
+                return Err(format!(
+                    "without dims, roll takes one shift, not {}",
+                    shifts.len()
+                ));
             }
             (vec![0], vec![x.shape.numel()])
         }
@@ -356,7 +359,16 @@ fn roll_plan(x: &TensorType, attrs: &Attrs) -> OpResult<Vec<(usize, usize)>> {
         .into_iter()
         .zip(sizes)
         .zip(shifts)
-        .map(|((d, n), s)| (d, if n == 0 { 0 } else { s.rem_euclid(n as i64) as usize }))
+        .map(|((d, n), s)| {
+            (
+                d,
+                if n == 0 {
+                    0
+                } else {
+                    s.rem_euclid(n as i64) as usize
+                },
+            )
+        })
         .collect())
 }
 
@@ -394,7 +406,11 @@ fn lower_roll(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
 fn roll_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
     let plan = roll_plan(&x.ty(), attrs)?;
     let flat = roll_flat(attrs)? || x.shape().rank() == 0;
-    let y = if flat { reshape_to(x, &Shape::from(vec![x.shape().numel()]))? } else { x.clone() };
+    let y = if flat {
+        reshape_to(x, &Shape::from(vec![x.shape().numel()]))?
+    } else {
+        x.clone()
+    };
     let shape = y.shape();
     let sizes = shape.dims();
     let rolled = remap_tensor(&y, sizes, 0.0, &|ix, src| {
@@ -416,7 +432,11 @@ fn roll_sample(g: &mut Gen) -> Sample {
         attrs.set("shifts", vec![shift(g)]);
     } else {
         let dims = random_dims(g, shape.rank());
-        let dims = if dims.is_empty() { vec![random_dim(g, shape.rank())] } else { dims };
+        let dims = if dims.is_empty() {
+            vec![random_dim(g, shape.rank())]
+        } else {
+            dims
+        };
         attrs.set("shifts", dims.iter().map(|_| shift(g)).collect::<Vec<_>>());
         attrs.set("dims", dims);
     }

@@ -62,7 +62,11 @@ fn lower_cumextreme(b: &mut Builder, x: &Value, dim: usize, largest: bool) -> Ve
     }
     let values = prefix_scan(b, x, dim, identity, |b, y, s| {
         let r = bin(b, op, y, s);
-        if y.dtype().is_float() { nan_first(b, y, s, &r) } else { r }
+        if y.dtype().is_float() {
+            nan_first(b, y, s, &r)
+        } else {
+            r
+        }
     });
     // The last position so far whose value is the running extreme (or NaN):
     // a running max of those positions.
@@ -89,7 +93,11 @@ fn nan_first(b: &mut Builder, y: &Value, s: &Value, r: &Value) -> Value {
 
 /// One fiber's running extreme and its index: a new value takes over when
 /// it is at least as extreme, or NaN.
-fn running_extreme<T: Copy + PartialOrd>(v: &[T], largest: bool, nan: impl Fn(T) -> bool) -> (Vec<T>, Vec<i64>) {
+fn running_extreme<T: Copy + PartialOrd>(
+    v: &[T],
+    largest: bool,
+    nan: impl Fn(T) -> bool,
+) -> (Vec<T>, Vec<i64>) {
     let mut values = Vec::with_capacity(v.len());
     let mut indices = Vec::with_capacity(v.len());
     let mut best: Option<(T, i64)> = None;
@@ -114,14 +122,19 @@ fn cumextreme_ref(x: &HostTensor, dim: usize, largest: bool) -> Vec<HostTensor> 
         HostData::Float(a) => {
             let scan = |v: &[f64]| running_extreme(v, largest, f64::is_nan);
             let values = along(a, dim, |v| scan(v).0);
-            let idx = along(a, dim, |v| scan(v).1.into_iter().map(|i| i as f64).collect());
+            let idx = along(a, dim, |v| {
+                scan(v).1.into_iter().map(|i| i as f64).collect()
+            });
             vec![HostTensor::float(x.dtype(), values), indices_of(idx)]
         }
         HostData::Int(a) => {
             let scan = |v: &[i64]| running_extreme(v, largest, |_| false);
             let values = along(a, dim, |v| scan(v).0);
             let idx = along(a, dim, |v| scan(v).1);
-            vec![HostTensor::int(x.dtype(), values), HostTensor::int(DType::I64, idx)]
+            vec![
+                HostTensor::int(x.dtype(), values),
+                HostTensor::int(DType::I64, idx),
+            ]
         }
     }
 }
@@ -136,7 +149,11 @@ fn cumextreme_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>
     let dim = scan_dim(ty.shape.rank(), a.attrs)?;
     let zeros = t.full_like(x, 0.0)?;
     let attrs = Attrs::new().with("dim", dim as i64);
-    Ok(vec![Some(t.call1("scatter_add", &[zeros, a.outputs[1], a.grads[0]], attrs)?)])
+    Ok(vec![Some(t.call1(
+        "scatter_add",
+        &[zeros, a.outputs[1], a.grads[0]],
+        attrs,
+    )?)])
 }
 
 /// Integers and bools keep their ties (the later index wins); floats are
@@ -151,11 +168,21 @@ fn cumextreme_sample(g: &mut Gen) -> Sample {
         for k in (1..n).rev() {
             order.swap(k, g.below(k + 1));
         }
-        let nan_at = if g.bool() { g.below(n.max(1)) } else { usize::MAX };
+        let nan_at = if g.bool() {
+            g.below(n.max(1))
+        } else {
+            usize::MAX
+        };
         let values = order
             .iter()
             .enumerate()
-            .map(|(i, &p)| if i == nan_at { f64::NAN } else { p as f64 * 0.25 - n as f64 * 0.125 })
+            .map(|(i, &p)| {
+                if i == nan_at {
+                    f64::NAN
+                } else {
+                    p as f64 * 0.25 - n as f64 * 0.125
+                }
+            })
             .collect();
         s.inputs[0] = HostTensor::from_f64(x.dtype(), x.shape(), values)
             .unwrap_or_else(|| unreachable!("value count matches the shape"));
@@ -234,7 +261,11 @@ fn logcumsumexp_ref(x: &HostTensor, dim: usize) -> OpResult<HostTensor> {
         let mut s = f64::NEG_INFINITY;
         v.iter()
             .map(|&x| {
-                s = if x.is_nan() || s.is_nan() { f64::NAN } else { logaddexp_f64(s, x) };
+                s = if x.is_nan() || s.is_nan() {
+                    f64::NAN
+                } else {
+                    logaddexp_f64(s, x)
+                };
                 s
             })
             .collect()
