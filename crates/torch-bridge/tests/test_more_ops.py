@@ -234,3 +234,12 @@ def test_embedding_bag(mode_, include_last_offset):
         got = torch.nn.functional.embedding_bag(indices.to("tpu"), weight.to("tpu"), offsets.to("tpu"),
                                                 per_sample_weights=psw.to("tpu"), mode="sum")
         assert_close(got, torch.nn.functional.embedding_bag(indices, weight, offsets, per_sample_weights=psw, mode="sum"))
+
+
+def test_multinomial_rejects_bad_weights_under_debug():
+    with torch.tpu.set_eager_mode("debug"):
+        for w in (torch.tensor([0.0, 0.0]), torch.tensor([1.0, -1.0]), torch.tensor([1.0, float("nan")])):
+            with pytest.raises(RuntimeError, match="multinomial"):
+                torch.multinomial(w.to("tpu"), 1, replacement=True)
+        with pytest.raises(RuntimeError, match="fewer categories"):
+            torch.multinomial(torch.tensor([1.0, 0.0, 2.0]).to("tpu"), 3)

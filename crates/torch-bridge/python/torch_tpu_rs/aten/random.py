@@ -74,6 +74,14 @@ def multinomial(self, num_samples, replacement=False, *, generator=None):
     if not replacement and num_samples > w.shape[-1]:
         raise RuntimeError(f"multinomial: cannot draw {num_samples} samples from {w.shape[-1]} categories without replacement (tpu)")
     w = w.to(torch.float32)
+    if _C.eager_mode() == "debug":
+        # Like index bounds, the weights are read back only under Debug.
+        host = _C.to_cpu(w)
+        if not bool(torch.isfinite(host).all()) or bool((host < 0).any()):
+            raise RuntimeError("multinomial: weights must be finite and non-negative (tpu)")
+        positive = (host > 0).sum(-1)
+        if bool((positive == 0).any()) or (not replacement and bool((positive < num_samples).any())):
+            raise RuntimeError(f"multinomial: a row has fewer categories of positive weight than the {num_samples} samples asked for (tpu)")
     if replacement:
         cdf = torch.cumsum(w, -1)
         u = torch.empty((w.shape[0], num_samples), dtype=torch.float32, device=self.device)
