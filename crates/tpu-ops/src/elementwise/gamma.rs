@@ -211,6 +211,34 @@ inventory::submit! {
 
 // ---- zeta ----
 
+/// `chlo.zeta`'s result `z` with the domain's edges made explicit (the
+/// plugins disagree there): NaN for `x < 1`; +inf at `x = 1`, at the poles
+/// `q = 0, -1, ...`, and where the convergent sum (`x > 1`, `q > 0`)
+/// overflows to NaN.
+fn lower_zeta_edges(b: &mut Builder, x: &Value, q: &Value, z: &Value) -> Value {
+    let (dt, dims) = (x.dtype(), x.dims().to_vec());
+    let one = b.constant(dt, &dims[..], 1.0);
+    let zero = b.constant(dt, &dims[..], 0.0);
+    let below_one = b.compare(Compare::Lt, x, &one);
+    let at_one = b.compare(Compare::Eq, x, &one);
+    let above_one = b.compare(Compare::Gt, x, &one);
+    let q_floor = b.unary("stablehlo.floor", q);
+    let q_integer = b.compare(Compare::Eq, q, &q_floor);
+    let q_not_positive = b.compare(Compare::Le, q, &zero);
+    let pole = b.binary("stablehlo.and", &q_integer, &q_not_positive);
+    let pole = b.binary("stablehlo.and", &pole, &above_one);
+    let q_positive = b.compare(Compare::Gt, q, &zero);
+    let nan = b.compare(Compare::Ne, z, z);
+    let overflow = b.binary("stablehlo.and", &above_one, &q_positive);
+    let overflow = b.binary("stablehlo.and", &overflow, &nan);
+    let infinite = b.binary("stablehlo.or", &at_one, &pole);
+    let infinite = b.binary("stablehlo.or", &infinite, &overflow);
+    let inf = b.constant(dt, &dims[..], f64::INFINITY);
+    let not_a_number = b.constant(dt, &dims[..], f64::NAN);
+    let z = b.select(&infinite, &inf, z);
+    b.select(&below_one, &not_a_number, &z)
+}
+
 /// Broadcasting pairs with `x` in (1, 6] and `q` in (0, 4], plus the poles
 /// and the domain edges (`x = 1`, `x < 1`, `q` a non-positive integer,
 /// negative `q` with fractional and integer `x`).
@@ -252,16 +280,7 @@ inventory::submit! {
             let wide = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
             let (s, q) = (b.convert(s, wide), b.convert(q, wide));
             let z = b.binary("chlo.zeta", &s, &q);
-            // For x > 1 and q > 0 the sum is positive; chlo.zeta gives NaN
-            // where it overflows.
-            let (one, zero) = (b.constant(wide, s.dims(), 1.0), b.constant(wide, s.dims(), 0.0));
-            let converges = b.compare(Compare::Gt, &s, &one);
-            let positive_q = b.compare(Compare::Gt, &q, &zero);
-            let nan = b.compare(Compare::Ne, &z, &z);
-            let overflow = b.binary("stablehlo.and", &converges, &positive_q);
-            let overflow = b.binary("stablehlo.and", &overflow, &nan);
-            let inf = b.constant(wide, s.dims(), f64::INFINITY);
-            let z = b.select(&overflow, &inf, &z);
+            let z = lower_zeta_edges(b, &s, &q, &z);
             b.convert(&z, dtype)
         })),
         reference: |x, _| {
