@@ -16,7 +16,7 @@ use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
-use super::accumulator;
+use super::{accumulator, matmul, transpose_last};
 use crate::here;
 use crate::support::*;
 
@@ -170,18 +170,6 @@ fn solve_ref(a: &HostTensor, rhs: &HostTensor, p: Solve) -> HostTensor {
     HostTensor::float(rhs.dtype(), stack(x, rhs.dims()))
 }
 
-fn mt(t: &mut dyn Tape, x: Var) -> OpResult<Var> {
-    t.call1(
-        "transpose",
-        &[x],
-        Attrs::new().with("dim0", -2i64).with("dim1", -1i64),
-    )
-}
-
-fn matmul(t: &mut dyn Tape, x: Var, y: Var) -> OpResult<Var> {
-    t.call1("matmul", &[x, y], Attrs::new())
-}
-
 /// The part of a gradient the triangle `T` owns.
 fn own_triangle(t: &mut dyn Tape, g: Var, p: Solve) -> OpResult<Var> {
     let diagonal = match (p.lower, p.unit) {
@@ -207,19 +195,19 @@ fn solve_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let gb = t.call1("triangular_solve", &[m, gx], back)?;
     let outer = match (p.left, p.transpose) {
         (true, false) => {
-            let xt = mt(t, x)?;
+            let xt = transpose_last(t, x)?;
             matmul(t, gb, xt)?
         }
         (true, true) => {
-            let gbt = mt(t, gb)?;
+            let gbt = transpose_last(t, gb)?;
             matmul(t, x, gbt)?
         }
         (false, false) => {
-            let xt = mt(t, x)?;
+            let xt = transpose_last(t, x)?;
             matmul(t, xt, gb)?
         }
         (false, true) => {
-            let gbt = mt(t, gb)?;
+            let gbt = transpose_last(t, gb)?;
             matmul(t, gbt, x)?
         }
     };
@@ -359,7 +347,7 @@ fn cholesky_f64(a: Array2<f64>) -> Array2<f64> {
 /// `S = L⁻ᵀ Φ(Lᵀ ḡ) L⁻¹`, and the input's gradient is `(S + Sᵀ) / 2`.
 fn cholesky_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (l, g) = (a.outputs[0], a.grads[0]);
-    let lt = mt(t, l)?;
+    let lt = transpose_last(t, l)?;
     let p = matmul(t, lt, g)?;
     let strict = t.call1("tril", &[p], Attrs::new().with("diagonal", -1i64))?;
     let whole = t.call1("tril", &[p], Attrs::new())?;
@@ -370,7 +358,7 @@ fn cholesky_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>
     let s = t.call1("triangular_solve", &[l, phi], left)?;
     let right = Attrs::new().with("left", false);
     let s = t.call1("triangular_solve", &[l, s], right)?;
-    let st = mt(t, s)?;
+    let st = transpose_last(t, s)?;
     let sym = t.add(s, st)?;
     Ok(vec![Some(t.scale(sym, 0.5)?)])
 }

@@ -39,3 +39,17 @@ pub(crate) fn flip(t: &mut dyn Tape, x: Var, dims: &[usize]) -> OpResult<Var> {
     }
     t.call1("flip", &[x], Attrs::new().with("dims", dims))
 }
+
+/// `x` with its last two dims swapped.
+pub(crate) fn transpose_last(t: &mut dyn Tape, x: Var) -> OpResult<Var> {
+    t.call1(
+        "transpose",
+        &[x],
+        Attrs::new().with("dim0", -2i64).with("dim1", -1i64),
+    )
+}
+
+/// The batched, broadcasting matrix product `x @ y`.
+pub(crate) fn matmul(t: &mut dyn Tape, x: Var, y: Var) -> OpResult<Var> {
+    t.call1("matmul", &[x, y], Attrs::new())
+}

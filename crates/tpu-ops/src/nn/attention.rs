@@ -13,6 +13,7 @@ use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, dim_list};
 use tpu_core::{DType, Shape};
 
 use crate::here;
+use crate::linalg::{matmul, transpose_last};
 use crate::reduce::kit::*;
 use crate::support::*;
 
@@ -227,18 +228,6 @@ fn attn_ref(x: &[HostTensor], attrs: &Attrs) -> OpResult<HostTensor> {
         }
     }
     tensor_f64(x[0].dtype(), &a.with(&[l, ev]), out)
-}
-
-fn transpose_last(t: &mut dyn Tape, x: Var) -> OpResult<Var> {
-    t.call1(
-        "transpose",
-        &[x],
-        Attrs::new().with("dim0", -2i64).with("dim1", -1i64),
-    )
-}
-
-fn matmul(t: &mut dyn Tape, x: Var, y: Var) -> OpResult<Var> {
-    call2(t, "matmul", x, y)
 }
 
 /// With `s = q k^T * scale + mask` and `p = softmax(s)`:

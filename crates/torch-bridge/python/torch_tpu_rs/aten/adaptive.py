@@ -6,6 +6,7 @@ leaves a maximum unchanged) and reduce."""
 
 import torch
 
+from .nn import _accumulator
 from .registry import kernel
 
 
@@ -22,14 +23,10 @@ def _averaging(n, m, dtype, device):
     return a.to(device=device, dtype=dtype)
 
 
-def _compute_dtype(x):
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
 def _contract(x, sizes, transpose):
     """Contracts each of ``x``'s trailing dims ``j`` with its averaging
     matrix (``A`` forward; ``A^T`` maps gradients back to the input)."""
-    dtype = _compute_dtype(x)
+    dtype = _accumulator(x.dtype)
     y = x.to(dtype)
     d = len(sizes)
     for j, (n, m) in enumerate(sizes):

@@ -614,8 +614,7 @@ def _sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, at
         raise NotImplementedError("_scaled_dot_product_flash_attention_for_cpu with dropout is not implemented for the tpu device")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     dtype = query.dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        query, key, value = (t.to(torch.float32) for t in (query, key, value))
+    query, key, value = (t.to(_accumulator(dtype)) for t in (query, key, value))
     s = torch.matmul(query, key.transpose(-2, -1)) * scale
     if is_causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
