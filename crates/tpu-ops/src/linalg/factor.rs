@@ -21,7 +21,7 @@ use crate::here;
 use crate::support::*;
 
 /// `(batch, rows, cols)` of a matrix operand.
-fn matrix(t: &TensorType, what: &str) -> OpResult<(Vec<usize>, usize, usize)> {
+pub(super) fn matrix(t: &TensorType, what: &str) -> OpResult<(Vec<usize>, usize, usize)> {
     let d = t.shape.dims();
     if d.len() < 2 {
         return Err(format!(
@@ -34,7 +34,7 @@ fn matrix(t: &TensorType, what: &str) -> OpResult<(Vec<usize>, usize, usize)> {
 }
 
 /// The matrices of a batch (the last two dims), in order.
-fn matrices(x: &ArrayD<f64>) -> Vec<Array2<f64>> {
+pub(super) fn matrices(x: &ArrayD<f64>) -> Vec<Array2<f64>> {
     let r = x.ndim();
     let (m, n) = (x.shape()[r - 2], x.shape()[r - 1]);
     let values: Vec<f64> = x.iter().copied().collect();
@@ -51,7 +51,7 @@ fn matrices(x: &ArrayD<f64>) -> Vec<Array2<f64>> {
 }
 
 /// The inverse of [`matrices`].
-fn stack(mats: Vec<Array2<f64>>, dims: &[usize]) -> ArrayD<f64> {
+pub(super) fn stack(mats: Vec<Array2<f64>>, dims: &[usize]) -> ArrayD<f64> {
     let values: Vec<f64> = mats.iter().flat_map(|m| m.iter().copied()).collect();
     ArrayD::from_shape_vec(IxDyn(dims), values)
         .unwrap_or_else(|_| unreachable!("batch of matrices fills the shape"))

@@ -1,7 +1,9 @@
 //! Linear algebra: matmul with batching and broadcasting, dot_general,
-//! convolutions, pooling, triangular solves and the Cholesky factorization.
+//! convolutions, pooling, triangular solves, the Cholesky factorization,
+//! QR and the symmetric eigendecomposition.
 
 mod conv;
+mod decomp;
 mod dot;
 mod factor;
 mod pool;

@@ -152,3 +152,65 @@ fn pool_values() {
         vec![0.0, 5.0, 0.0, 0.0]
     );
 }
+
+/// `(dims, values)` of every output of `op`'s reference.
+fn run_all(op: &str, inputs: &[HostTensor], attrs: Attrs) -> Vec<(Vec<usize>, Vec<f64>)> {
+    let registry = crate::registry().unwrap_or_else(|e| panic!("{e}"));
+    let def = registry.get(op).unwrap_or_else(|e| panic!("{e}"));
+    let out = run_reference(def, inputs, &attrs).unwrap_or_else(|e| panic!("{op}: {e}"));
+    out.iter()
+        .map(|o| (o.dims().to_vec(), o.to_f64().iter().copied().collect()))
+        .collect()
+}
+
+/// `x` (`m × n`, row-major) times `y` (`n × p`).
+fn product(x: &[f64], y: &[f64], m: usize, n: usize, p: usize) -> Vec<f64> {
+    (0..m * p)
+        .map(|ij| (0..n).map(|k| x[ij / p * n + k] * y[k * p + ij % p]).sum())
+        .collect()
+}
+
+fn assert_near(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() < 1e-12, "{what}: got {got:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn complete_qr_of_a_tall_matrix_is_orthogonal_and_reconstructs() {
+    let a = [2.0, -1.0, 0.5, 3.0, 1.0, 1.0, -2.0, 0.25];
+    let x = t(DType::F64, &[4, 2], &a);
+    let complete = run_all(
+        "qr",
+        std::slice::from_ref(&x),
+        Attrs::new().with("mode", "complete"),
+    );
+    let reduced = run_all("qr", &[x], Attrs::new());
+    let ((qd, q), (rd, r)) = (complete[0].clone(), complete[1].clone());
+    assert_eq!((qd, rd), (vec![4, 4], vec![4, 2]));
+    assert_near(&product(&q, &r, 4, 4, 2), &a, "Q R");
+    let qt: Vec<f64> = (0..16).map(|ij| q[ij % 4 * 4 + ij / 4]).collect();
+    let eye: Vec<f64> = (0..16).map(|ij| f64::from(ij % 5 == 0)).collect();
+    assert_near(&product(&qt, &q, 4, 4, 4), &eye, "QᵀQ");
+    assert!(
+        r[2] == 0.0 && r[4..].iter().all(|&v| v == 0.0),
+        "R is upper: {r:?}"
+    );
+    // Its first columns and rows are the reduced factorization.
+    let q_first: Vec<f64> = (0..8).map(|ij| q[ij / 2 * 4 + ij % 2]).collect();
+    assert_near(&q_first, &reduced[0].1, "reduced Q");
+    assert_near(&r[..4], &reduced[1].1, "reduced R");
+}
+
+#[test]
+fn eigh_reads_the_lower_triangle_and_fixes_signs() {
+    // [[2, 1], [1, 2]] (the upper entry is ignored): eigenvalues 1 and 3,
+    // eigenvectors (1, -1)/√2 and (1, 1)/√2, each with a positive weighted
+    // sum.
+    let x = t(DType::F64, &[2, 2], &[2.0, 99.0, 1.0, 2.0]);
+    let out = run_all("eigh", &[x], Attrs::new());
+    assert_near(&out[0].1, &[1.0, 3.0], "eigenvalues");
+    let h = std::f64::consts::FRAC_1_SQRT_2;
+    assert_near(&out[1].1, &[h, h, -h, h], "eigenvectors");
+}

@@ -12,5 +12,7 @@ mod sort;
 mod strided;
 mod triangle;
 
+pub(crate) use triangle::triangle;
+
 #[cfg(test)]
 mod tests;

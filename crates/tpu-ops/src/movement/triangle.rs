@@ -27,8 +27,14 @@ fn keep(upper: bool, i: usize, j: usize, diagonal: i64) -> bool {
 
 fn lower(b: &mut Builder, x: &Value, attrs: &Attrs, upper: bool) -> OpResult<Value> {
     let diagonal = check(x.ty(), attrs)?;
+    Ok(triangle(b, x, upper, diagonal))
+}
+
+/// `x`'s upper (`j - i >= diagonal`) or lower (`<=`) triangle over its last
+/// two dims, zeros elsewhere.
+pub(crate) fn triangle(b: &mut Builder, x: &Value, upper: bool, diagonal: i64) -> Value {
     if x.shape().numel() == 0 {
-        return Ok(x.clone());
+        return x.clone();
     }
     let r = x.rank();
     let mn = [x.dims()[r - 2], x.dims()[r - 1]];
@@ -40,7 +46,7 @@ fn lower(b: &mut Builder, x: &Value, attrs: &Attrs, upper: bool) -> OpResult<Val
     let mask = b.compare(dir, &diff, &k);
     let mask = b.broadcast_in_dim(&mask, x.dims(), &[r - 2, r - 1]);
     let zero = b.constant(x.dtype(), x.shape().clone(), 0.0);
-    Ok(b.select(&mask, x, &zero))
+    b.select(&mask, x, &zero)
 }
 
 fn reference(x: &HostTensor, attrs: &Attrs, upper: bool) -> OpResult<HostTensor> {
