@@ -325,6 +325,20 @@ impl Builder {
         ))
     }
 
+    /// `stablehlo.while`: carries `init` through `body` while `cond` (a
+    /// scalar boolean of the carried values) holds; gives the final values.
+    pub fn while_loop<E>(
+        &mut self,
+        init: &[&Value],
+        cond: impl FnOnce(&mut Builder, &[Value]) -> Result<Value, E>,
+        body: impl FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>, E>,
+    ) -> Result<Vec<Value>, E> {
+        let types: Vec<TensorType> = init.iter().map(|v| v.ty.clone()).collect();
+        let cond = self.region(&types, |b, args| Ok(vec![cond(b, args)?]))?;
+        let body = self.region(&types, body)?;
+        Ok(self.op("stablehlo.while", init, &[cond, body], "", types))
+    }
+
     /// A region computing `op` of two scalars, for reductions and scatters.
     pub fn scalar_region(&mut self, op: &str, dtype: DType) -> String {
         let scalar = TensorType::new(dtype, []);

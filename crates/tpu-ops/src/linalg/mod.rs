@@ -1,11 +1,12 @@
 //! Linear algebra: matmul with batching and broadcasting, dot_general,
 //! convolutions, pooling, triangular solves, the Cholesky factorization,
-//! QR and the symmetric eigendecomposition.
+//! LU with partial pivoting, QR and the symmetric eigendecomposition.
 
 mod conv;
 mod decomp;
 mod dot;
 mod factor;
+mod lu;
 mod pool;
 #[cfg(test)]
 mod tests;
