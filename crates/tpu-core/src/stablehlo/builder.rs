@@ -339,6 +339,37 @@ impl Builder {
         Ok(self.op("stablehlo.while", init, &[cond, body], "", types))
     }
 
+    /// `for i in start..end`, with `end` an `i64` scalar value:
+    /// `body(b, i, values)` gives the next values (same types as `init`);
+    /// gives the final values.
+    pub fn fori_loop(
+        &mut self,
+        start: i64,
+        end: &Value,
+        init: &[&Value],
+        body: impl FnOnce(&mut Builder, &Value, &[Value]) -> Vec<Value>,
+    ) -> Vec<Value> {
+        let first = self.int_constant(DType::I64, [], start);
+        let carried: Vec<&Value> = [&first, end]
+            .into_iter()
+            .chain(init.iter().copied())
+            .collect();
+        let result: Result<Vec<Value>, std::convert::Infallible> = self.while_loop(
+            &carried,
+            |b, v| Ok(b.compare(Compare::Lt, &v[0], &v[1])),
+            |b, v| {
+                let one = b.int_constant(DType::I64, [], 1);
+                let next = b.binary("stablehlo.add", &v[0], &one);
+                let values = body(b, &v[0], &v[2..]);
+                Ok([next, v[1].clone()].into_iter().chain(values).collect())
+            },
+        );
+        match result {
+            Ok(mut values) => values.split_off(2),
+            Err(never) => match never {},
+        }
+    }
+
     /// A region computing `op` of two scalars, for reductions and scatters.
     pub fn scalar_region(&mut self, op: &str, dtype: DType) -> String {
         let scalar = TensorType::new(dtype, []);

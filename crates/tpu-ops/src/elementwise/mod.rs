@@ -7,6 +7,7 @@ mod compare;
 mod gamma;
 mod logic;
 mod next_after;
+mod polynomial;
 mod select;
 mod special;
 mod trig;

@@ -25,38 +25,6 @@ use super::factor::{matrices, matrix, stack};
 use crate::here;
 use crate::support::*;
 
-/// `for i in 0..steps`: `body(b, i, values)` gives the next values, with
-/// `i` an `i64` scalar.
-fn counted_loop(
-    b: &mut Builder,
-    steps: usize,
-    init: &[&Value],
-    body: impl FnOnce(&mut Builder, &Value, &[Value]) -> Vec<Value>,
-) -> Vec<Value> {
-    let start = b.int_constant(DType::I64, [], 0);
-    let carried: Vec<&Value> = std::iter::once(&start)
-        .chain(init.iter().copied())
-        .collect();
-    let result: Result<Vec<Value>, std::convert::Infallible> = b.while_loop(
-        &carried,
-        |b, v| {
-            let end = b.int_constant(DType::I64, [], steps as i64);
-            Ok(b.compare(Compare::Lt, &v[0], &end))
-        },
-        |b, v| {
-            let one = b.int_constant(DType::I64, [], 1);
-            let next = b.binary("stablehlo.add", &v[0], &one);
-            Ok(std::iter::once(next)
-                .chain(body(b, &v[0], &v[1..]))
-                .collect())
-        },
-    );
-    match result {
-        Ok(mut values) => values.split_off(1),
-        Err(never) => match never {},
-    }
-}
-
 /// `dims`-shaped booleans: `iota(dim) <dir> i` for the scalar `i`.
 fn mask(b: &mut Builder, dims: &[usize], dim: usize, dir: Compare, i: &Value) -> Value {
     let iota = b.iota(DType::I64, dims, dim);
@@ -169,7 +137,10 @@ fn lower_lu(b: &mut Builder, x: &Value) -> Vec<Value> {
     if a.shape().numel() == 0 {
         return vec![x.clone(), pivots];
     }
-    let out = counted_loop(b, k, &[&a, &pivots], |b, i, v| lu_step(b, i, &v[0], &v[1]));
+    let steps = b.int_constant(DType::I64, [], k as i64);
+    let out = b.fori_loop(0, &steps, &[&a, &pivots], |b, i, v| {
+        lu_step(b, i, &v[0], &v[1])
+    });
     vec![b.convert(&out[0], dtype), out[1].clone()]
 }
 
@@ -247,7 +218,8 @@ fn lower_permutation(b: &mut Builder, pivots: &Value, out: &TensorType) -> Value
         return perm;
     }
     let pivots = b.convert(pivots, DType::I64);
-    let out = counted_loop(b, k, &[&perm, &pivots], |b, i, v| {
+    let steps = b.int_constant(DType::I64, [], k as i64);
+    let out = b.fori_loop(0, &steps, &[&perm, &pivots], |b, i, v| {
         let (perm, pivots) = (&v[0], &v[1]);
         // Swap perm[i] and perm[pivots[i] - 1] (pivots out of range swap nothing).
         let at_i = mask(b, pivots.dims(), last, Compare::Eq, i);
