@@ -2,6 +2,7 @@
 //! promotion, comparisons, logic, `where`, `clamp` and `cast`; the inverse
 //! trigonometric and hyperbolic functions; the error and gamma families.
 
+mod bessel;
 mod binary;
 mod compare;
 mod gamma;
