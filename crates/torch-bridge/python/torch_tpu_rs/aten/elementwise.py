@@ -209,6 +209,17 @@ for _name in (
 ):
     kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
 
+# torch.special's Bessel functions: aten name -> device op.
+for _name, _op in (
+    ("i0", "i0"), ("special_i0e", "i0e"), ("special_i1", "i1"), ("special_i1e", "i1e"),
+    ("special_modified_bessel_i0", "i0"), ("special_modified_bessel_i1", "i1"),
+    ("special_modified_bessel_k0", "modified_bessel_k0"), ("special_modified_bessel_k1", "modified_bessel_k1"),
+    ("special_scaled_modified_bessel_k0", "scaled_modified_bessel_k0"),
+    ("special_scaled_modified_bessel_k1", "scaled_modified_bessel_k1"),
+    ("special_spherical_bessel_j0", "spherical_bessel_j0"),
+):
+    kernel(_name)(lambda self, _op=_op: run(_op, [self], None, _float(self.dtype)))
+
 
 @kernel("polygamma")
 def polygamma(n, self):
