@@ -28,6 +28,7 @@ use tpu_core::host::Tolerance;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
+use super::lanes::Lanes;
 use super::unary::{chain, float_ref, infer_float, transcendental};
 use crate::here;
 use crate::support::*;
@@ -186,55 +187,8 @@ fn reference(kind: Kind, x: f64) -> f64 {
 
 // ---- lowering ----
 
-/// Elementwise constants and arithmetic on values shaped like `like`.
-struct Ops<'b> {
-    b: &'b mut Builder,
-    dtype: DType,
-    dims: Vec<usize>,
-}
-
-impl Ops<'_> {
-    fn c(&mut self, v: f64) -> Value {
-        self.b.constant(self.dtype, self.dims.as_slice(), v)
-    }
-    fn bin(&mut self, op: &str, a: &Value, b: &Value) -> Value {
-        self.b.binary(op, a, b)
-    }
-    fn add(&mut self, a: &Value, b: &Value) -> Value {
-        self.bin("stablehlo.add", a, b)
-    }
-    fn mul(&mut self, a: &Value, b: &Value) -> Value {
-        self.bin("stablehlo.multiply", a, b)
-    }
-    fn scale(&mut self, a: &Value, v: f64) -> Value {
-        let c = self.c(v);
-        self.mul(a, &c)
-    }
-    fn un(&mut self, op: &str, a: &Value) -> Value {
-        self.b.unary(op, a)
-    }
-    /// `Σ c_k x^{-k}` by Horner's rule.
-    fn series_in_inverse(&mut self, x: &Value, c: &[f64]) -> Value {
-        let one = self.c(1.0);
-        let inv = self.bin("stablehlo.divide", &one, x);
-        let mut acc = self.c(0.0);
-        for &ck in c.iter().rev() {
-            let t = self.mul(&acc, &inv);
-            let ck = self.c(ck);
-            acc = self.add(&t, &ck);
-        }
-        acc
-    }
-    /// `a > v ? on_true : on_false`.
-    fn above(&mut self, a: &Value, v: f64, on_true: &Value, on_false: &Value) -> Value {
-        let c = self.c(v);
-        let p = self.b.compare(Compare::Gt, a, &c);
-        self.b.select(&p, on_true, on_false)
-    }
-}
-
 /// `e^{-x} I_ν(x)` for `x >= 0` (both regimes, selected).
-fn lower_i_scaled(o: &mut Ops<'_>, nu: u32, x: &Value) -> Value {
+fn lower_i_scaled(o: &mut Lanes<'_>, nu: u32, x: &Value) -> Value {
     let mut sum = o.c(0.0);
     for (c, w) in i_nodes() {
         let term = if nu == 0 {
@@ -259,11 +213,11 @@ fn lower_i_scaled(o: &mut Ops<'_>, nu: u32, x: &Value) -> Value {
     let two_pi_x = o.scale(x, 2.0 * PI);
     let root = o.un("stablehlo.rsqrt", &two_pi_x);
     let far = o.mul(&series, &root);
-    o.above(x, LARGE, &far, &near)
+    o.select_if(Compare::Gt, x, LARGE, &far, &near)
 }
 
 /// `e^x K_ν(x)` for `x > 0` (all three regimes, selected).
-fn lower_k_scaled(o: &mut Ops<'_>, nu: u32, x: &Value) -> Value {
+fn lower_k_scaled(o: &mut Lanes<'_>, nu: u32, x: &Value) -> Value {
     // Ascending series, for x <= 2.
     let half = o.scale(x, 0.5);
     let log_half = o.un("stablehlo.log", &half);
@@ -321,19 +275,12 @@ fn lower_k_scaled(o: &mut Ops<'_>, nu: u32, x: &Value) -> Value {
     let root = o.scale(&inv_x, PI / 2.0);
     let root = o.un("stablehlo.sqrt", &root);
     let far = o.mul(&series, &root);
-    let upper = o.above(x, LARGE, &far, &mid);
-    o.above(x, SMALL, &upper, &small)
+    let upper = o.select_if(Compare::Gt, x, LARGE, &far, &mid);
+    o.select_if(Compare::Gt, x, SMALL, &upper, &small)
 }
 
 fn lower(b: &mut Builder, x: &Value, kind: Kind) -> Value {
-    let out = to_float(x.dtype());
-    let dtype = match out {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    };
-    let x = b.convert(x, dtype);
-    let dims = x.dims().to_vec();
-    let mut o = Ops { b, dtype, dims };
+    let (mut o, x, out) = Lanes::for_input(b, x);
     let result = match kind {
         Kind::I { nu, scaled } => {
             let a = o.un("stablehlo.abs", &x);

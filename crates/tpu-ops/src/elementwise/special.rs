@@ -4,12 +4,15 @@
 
 use std::f64::consts::PI;
 
-/// `erfc(x)` by its continued fraction, for `x >= 3` where it converges
-/// fast and `1 - erf(x)` would lose the digits that matter.
+/// Where `erfc` switches from `1 - erf(x)` to its continued fraction.
+const FRACTION_FROM: f64 = 1.0;
+
+/// `erfc(x)` by its continued fraction, for `x >= 1` where 200 levels
+/// reach f64 rounding and `1 - erf(x)` would lose the digits that matter.
 fn erfc_fraction(x: f64) -> f64 {
     // erfc(x) = exp(-x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
     let mut f = 0.0;
-    for k in (1..60).rev() {
+    for k in (1..200).rev() {
         f = (k as f64 / 2.0) / (x + f);
     }
     (-x * x).exp() / PI.sqrt() / (x + f)
@@ -17,10 +20,10 @@ fn erfc_fraction(x: f64) -> f64 {
 
 /// The error function.
 pub fn erf(x: f64) -> f64 {
-    if x.abs() >= 3.0 {
+    if x.abs() >= FRACTION_FROM {
         return (1.0 - erfc_fraction(x.abs())).copysign(x);
     }
-    // The Maclaurin series converges fast for |x| < 3; A&S 7.1.26 is too
+    // The Maclaurin series converges fast for |x| < 1; A&S 7.1.26 is too
     // coarse for a reference.
     let (mut sum, mut term, x2) = (x, x, x * x);
     for n in 1..200 {
@@ -36,7 +39,7 @@ pub fn erf(x: f64) -> f64 {
 
 /// The complementary error function, `1 - erf(x)`, accurate in the tail.
 pub fn erfc(x: f64) -> f64 {
-    if x >= 3.0 {
+    if x >= FRACTION_FROM {
         erfc_fraction(x)
     } else {
         1.0 - erf(x)
