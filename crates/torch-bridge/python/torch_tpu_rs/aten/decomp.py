@@ -191,3 +191,52 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
         scale = values if singular else r.diagonal(dim1=-2, dim2=-1).abs()
         rank = (scale > tol * scale.amax(-1, keepdim=True)).sum(-1)
     return (x.squeeze(-1) if vector else x), residuals, rank, values
+
+
+@kernel("linalg_matrix_sqrth")
+def linalg_matrix_sqrth(A):
+    """``V diag(√w) Vᵀ`` from the eigendecomposition of symmetric ``A``."""
+    _square(A, "linalg.matrix_sqrth")
+    _float(A, "linalg.matrix_sqrth")
+    w, v = _C.run("eigh", [A.contiguous()], None)
+    return (v * w.sqrt().unsqueeze(-2)) @ v.mT
+
+
+@kernel("linalg_polar")
+def linalg_polar(A):
+    """``A = U P`` with ``U`` orthonormal and ``P`` symmetric positive
+    semi-definite, from the SVD ``A = W S Vᵀ``: ``U = W Vᵀ``, ``P = V S Vᵀ``."""
+    _float(A, "linalg.polar")
+    if A.ndim < 2 or A.shape[-2] < A.shape[-1]:
+        raise RuntimeError(f"linalg.polar: expected a batch of matrices with rows >= columns, got shape {list(A.shape)} (tpu)")
+    w, s, vh = linalg_svd(A, False, True)
+    return w @ vh, (vh.mT * s.unsqueeze(-2)) @ vh
+
+
+#: Taylor terms of the matrix exponential once the matrix is scaled to a
+#: norm of at most 1: the next term is below 1/19! (f64 rounding).
+_EXP_TERMS = 18
+
+
+@kernel("linalg_matrix_exp")
+def linalg_matrix_exp(A):
+    """Scaling and squaring: ``exp(A) = exp(A / 2ˢ)^(2ˢ)`` with ``2ˢ`` the
+    batch's largest 1-norm rounded up, the inner exponential by Taylor's
+    series (Horner's rule). Reading ``s`` is one host sync per call."""
+    _square(A, "linalg.matrix_exp")
+    _float(A, "linalg.matrix_exp")
+    n = A.shape[-1]
+    if A.numel() == 0:
+        return A.clone()
+    norm = float(A.abs().sum(-2).amax()) if A.numel() else 0.0
+    if not math.isfinite(norm):
+        return torch.full_like(A, float("nan"))
+    s = max(0, math.ceil(math.log2(norm))) if norm > 0 else 0
+    x = A / 2.0**s
+    eye = torch.eye(n, dtype=A.dtype, device=A.device).expand(A.shape)
+    e = eye
+    for k in range(_EXP_TERMS, 0, -1):
+        e = eye + (x @ e) / k
+    for _ in range(s):
+        e = e @ e
+    return e

@@ -209,7 +209,7 @@ for _name in (
 ):
     kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
 
-# torch.special's Bessel functions: aten name -> device op.
+# torch.special's Bessel and Gaussian tail functions: aten name -> device op.
 for _name, _op in (
     ("i0", "i0"), ("special_i0e", "i0e"), ("special_i1", "i1"), ("special_i1e", "i1e"),
     ("special_modified_bessel_i0", "i0"), ("special_modified_bessel_i1", "i1"),
@@ -217,6 +217,7 @@ for _name, _op in (
     ("special_scaled_modified_bessel_k0", "scaled_modified_bessel_k0"),
     ("special_scaled_modified_bessel_k1", "scaled_modified_bessel_k1"),
     ("special_spherical_bessel_j0", "spherical_bessel_j0"),
+    ("special_erfcx", "erfcx"), ("special_log_ndtr", "log_ndtr"), ("special_ndtri", "ndtri"),
 ):
     kernel(_name)(lambda self, _op=_op: run(_op, [self], None, _float(self.dtype)))
 
