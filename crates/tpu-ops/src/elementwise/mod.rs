@@ -3,6 +3,7 @@
 //! trigonometric and hyperbolic functions; the error and gamma families.
 
 mod bessel;
+mod bessel_jy;
 mod binary;
 mod compare;
 mod gamma;
