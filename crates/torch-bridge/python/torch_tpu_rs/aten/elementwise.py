@@ -217,6 +217,8 @@ for _name, _op in (
     ("special_scaled_modified_bessel_k0", "scaled_modified_bessel_k0"),
     ("special_scaled_modified_bessel_k1", "scaled_modified_bessel_k1"),
     ("special_spherical_bessel_j0", "spherical_bessel_j0"),
+    ("special_bessel_j0", "bessel_j0"), ("special_bessel_j1", "bessel_j1"),
+    ("special_bessel_y0", "bessel_y0"), ("special_bessel_y1", "bessel_y1"),
     ("special_erfcx", "erfcx"), ("special_log_ndtr", "log_ndtr"), ("special_ndtri", "ndtri"),
 ):
     kernel(_name)(lambda self, _op=_op: run(_op, [self], None, _float(self.dtype)))
