@@ -243,3 +243,17 @@ def test_multinomial_rejects_bad_weights_under_debug():
                 torch.multinomial(w.to("tpu"), 1, replacement=True)
         with pytest.raises(RuntimeError, match="fewer categories"):
             torch.multinomial(torch.tensor([1.0, 0.0, 2.0]).to("tpu"), 3)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t: torch.nn.functional.hardshrink(t, 0.5),
+    lambda t: torch.nn.functional.softshrink(t, 0.5),
+    lambda t: torch.logit(t.sigmoid() * 1.2 - 0.1),
+    lambda t: torch.logit(t.sigmoid(), eps=0.2),
+    lambda t: torch.nn.functional.pad(t, (3, -1, 2, 0), mode="replicate"),
+    lambda t: torch.nn.functional.pad(t, (2, 1, 1, 2), mode="reflect"),
+], ids=["hardshrink", "softshrink", "logit", "logit_eps", "replicate", "reflect"])
+def test_backward_kernels_match_the_cpu(mode, fn):
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
+    got, want = _grad(fn, x, "tpu"), _grad(fn, x, "cpu")
+    assert torch.allclose(got, want, equal_nan=True)

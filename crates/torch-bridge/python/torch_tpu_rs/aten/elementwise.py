@@ -391,3 +391,19 @@ def _unary_vjp(op, attrs=None):
 
 kernel("gelu_backward")(_unary_vjp("gelu"))
 kernel("silu_backward")(_unary_vjp("silu"))
+
+
+@kernel("hardshrink_backward", "softshrink_backward")
+def shrink_backward(grad_out, self, lambd):
+    """Both pass the gradient where ``|x| > λ`` and nothing inside."""
+    return torch.where((self >= -lambd) & (self <= lambd), 0, grad_out).to(grad_out.dtype)
+
+
+@kernel("logit_backward")
+def logit_backward(grad_output, self, eps=None):
+    """``g / (x (1 - x))``; outside ``[0, 1]`` NaN, or with ``eps`` 0 outside
+    ``[eps, 1 - eps]`` (where the forward clamps), as on the CPU."""
+    grad = grad_output / (self * (1 - self))
+    if eps is None:
+        return torch.where((self < 0) | (self > 1), float("nan"), grad)
+    return torch.where((self < eps) | (self > 1 - eps), 0, grad)

@@ -624,3 +624,22 @@ def _sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, at
     lse = torch.logsumexp(s, -1)
     out = torch.matmul(torch.softmax(s, -1), value)
     return out.to(dtype), lse
+
+
+# ---- Padding. ----
+
+
+@kernel("replication_pad1d_backward", "replication_pad2d_backward", "replication_pad3d_backward")
+def replication_pad_backward(grad_output, self, padding):
+    """Each output position read input position ``clamp(j - before, 0,
+    n - 1)`` along each padded dim (negative padding crops): the gradient
+    adds back along those indices, one dim at a time."""
+    grad = grad_output
+    for i in range(len(padding) // 2):
+        dim = self.ndim - 1 - i
+        before, n = padding[2 * i], self.shape[dim]
+        source = (torch.arange(grad.shape[dim], device=grad.device) - before).clamp(0, n - 1)
+        shape = list(grad.shape)
+        shape[dim] = n
+        grad = torch.zeros(shape, dtype=grad.dtype, device=grad.device).index_add(dim, source, grad)
+    return grad

@@ -234,6 +234,12 @@ def fallback(op, *args, **kwargs):
         raise _Circular(op)
     decomposition = _decomposition(op)
     if decomposition is not None:
+        out_names = [a.name for a in op._schema.arguments if a.is_out and a.name in kwargs]
+        if out_names:
+            # An out= form's decomposition computes the value (not all of
+            # them take the out= arguments); it is written here, as the
+            # derived out= kernels do.
+            decomposition = _out(decomposition, out_names)
         active.add(op)
         try:
             result = decomposition(*args, **kwargs)
