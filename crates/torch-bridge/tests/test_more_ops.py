@@ -257,3 +257,16 @@ def test_backward_kernels_match_the_cpu(mode, fn):
     x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
     got, want = _grad(fn, x, "tpu"), _grad(fn, x, "cpu")
     assert torch.allclose(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("kwargs,dims", [
+    ({"size": 11, "mode": "nearest"}, 1), ({"scale_factor": 0.6, "mode": "nearest-exact"}, 1),
+    ({"size": 9, "mode": "linear", "align_corners": True}, 1),
+    ({"size": (7, 3), "mode": "bilinear"}, 2), ({"scale_factor": 1.7, "mode": "bicubic", "align_corners": False}, 2),
+    ({"size": (3, 5), "mode": "nearest"}, 2), ({"size": (4, 3, 6), "mode": "trilinear"}, 3),
+    ({"scale_factor": (0.5, 2.0, 1.5), "mode": "nearest"}, 3),
+], ids=["nearest1d", "nearest_exact", "linear", "bilinear", "bicubic", "nearest2d", "trilinear", "nearest3d"])
+def test_interpolation_gradients_match_the_cpu(mode, kwargs, dims):
+    x = torch.randn((2, 3) + (5, 4, 6)[:dims], dtype=torch.float64)
+    fn = lambda t: torch.nn.functional.interpolate(t, **kwargs)  # noqa: E731
+    assert torch.allclose(_grad(fn, x, "tpu"), _grad(fn, x, "cpu"))

@@ -643,3 +643,37 @@ def replication_pad_backward(grad_output, self, padding):
         shape[dim] = n
         grad = torch.zeros(shape, dtype=grad.dtype, device=grad.device).index_add(dim, source, grad)
     return grad
+
+
+# ---- Interpolation backward. ----
+
+
+def _upsample_backward(forward):
+    """The backward of a separable interpolation from the forward itself:
+    along each spatial dim, the forward of the identity (every other dim of
+    size 1) is that dim's weight matrix transposed, and the gradient
+    contracts with it, one dim at a time."""
+
+    def k(grad_output, output_size, input_size, *args, **kwargs):
+        spatial = len(output_size)
+        grad = grad_output
+        for d in range(spatial):
+            n_in = input_size[2 + d]
+            shape = [1, n_in] + [1] * spatial
+            shape[2 + d] = n_in
+            basis = torch.eye(n_in, dtype=grad.dtype, device=grad.device).reshape(shape)
+            sizes = [1] * spatial
+            sizes[d] = output_size[d]
+            weights = forward(basis, sizes, *args, **kwargs).reshape(n_in, output_size[d])
+            grad = torch.movedim(torch.movedim(grad, 2 + d, -1) @ weights.mT, -1, 2 + d)
+        return grad.contiguous()
+
+    return k
+
+
+for _name in (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "upsample_bicubic2d", "upsample_trilinear3d",
+):
+    kernel(f"{_name}_backward")(_upsample_backward(getattr(torch.ops.aten, _name).default))
