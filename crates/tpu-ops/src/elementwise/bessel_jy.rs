@@ -18,7 +18,7 @@
 use std::f64::consts::PI;
 
 use tpu_core::DType;
-use tpu_core::host::Tolerance;
+use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
@@ -204,6 +204,29 @@ fn reference(kind: Kind, x: f64) -> f64 {
     }
 }
 
+/// The coefficients in `q = x²/4` of the sums in `Y_ν`'s ascending series:
+/// `-(-1)^k H_k / (k!)²` from `k = 1` (`ν = 0`), and
+/// `(-1)^k (H_k + H_{k+1} - 2γ) / (k! (k+1)!)` (`ν = 1`).
+fn y_series_coefficients(nu: u32) -> Vec<f64> {
+    let h = harmonic(SERIES_TERMS + 1);
+    let mut term = 1.0;
+    let mut c = Vec::with_capacity(SERIES_TERMS + 1);
+    for k in 0..=SERIES_TERMS {
+        if nu == 0 {
+            if k > 0 {
+                term *= -1.0 / (k * k) as f64;
+            }
+            c.push(if k == 0 { 0.0 } else { -h[k] * term });
+        } else {
+            if k > 0 {
+                term *= -1.0 / (k * (k + 1)) as f64;
+            }
+            c.push((h[k] + h[k + 1] - 2.0 * EULER_GAMMA) * term);
+        }
+    }
+    c
+}
+
 // ---- lowering ----
 
 /// Hankel's expansion: `(J, Y)` for `x > 0`.
@@ -258,33 +281,19 @@ fn lower_y(o: &mut Lanes<'_>, nu: u32, x: &Value) -> Value {
     // Series, up to 8.
     let q = o.mul(x, x);
     let q = o.scale(&q, 0.25);
-    let h = harmonic(SERIES_TERMS + 1);
     let half = o.scale(x, 0.5);
     let log_half = o.un("stablehlo.log", &half);
     let jv = lower_j(o, nu, x);
-    let mut term = o.c(1.0);
-    let mut sum = o.c(0.0);
+    // The series' sums as polynomials in q = x²/4, by Horner's rule (a
+    // running product of terms gave NaN in XLA's CPU code for scalars).
+    let sum = o.polynomial(&q, &y_series_coefficients(nu));
     let series = if nu == 0 {
-        for (k, &hk) in h.iter().enumerate().take(SERIES_TERMS + 1).skip(1) {
-            let t = o.scale(&q, -1.0 / (k * k) as f64);
-            term = o.mul(&term, &t);
-            let s = o.scale(&term, -hk);
-            sum = o.add(&sum, &s);
-        }
         let g = o.c(EULER_GAMMA);
         let lg = o.add(&log_half, &g);
         let lj = o.mul(&lg, &jv);
         let total = o.add(&lj, &sum);
         o.scale(&total, 2.0 / PI)
     } else {
-        for k in 0..=SERIES_TERMS {
-            if k > 0 {
-                let t = o.scale(&q, -1.0 / (k * (k + 1)) as f64);
-                term = o.mul(&term, &t);
-            }
-            let s = o.scale(&term, h[k] + h[k + 1] - 2.0 * EULER_GAMMA);
-            sum = o.add(&sum, &s);
-        }
         let c = o.c(-2.0 / PI);
         let first = o.bin("stablehlo.divide", &c, x);
         let lj = o.mul(&log_half, &jv);
@@ -410,6 +419,10 @@ fn samples(kind: Kind) -> Vec<Sample> {
     for (i, &d) in FLOATS.iter().enumerate() {
         if let Ok(x) = tensor_f64(d, &[points.len()], points.clone()) {
             out.push(Sample::new(vec![x], Attrs::new()));
+        }
+        // Scalars too: XLA compiles their programs differently (see `lower_y`).
+        for v in [6.0, 7.5] {
+            out.push(Sample::new(vec![HostTensor::scalar(d, v)], Attrs::new()));
         }
         out.push(unary_arbitrary(
             &mut Gen::new(3400 + i as u64),

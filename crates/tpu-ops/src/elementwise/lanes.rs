@@ -65,6 +65,17 @@ impl<'b> Lanes<'b> {
         self.b.select(&p, yes, no)
     }
 
+    /// `Σ c_k x^k` by Horner's rule.
+    pub fn polynomial(&mut self, x: &Value, c: &[f64]) -> Value {
+        let mut acc = self.c(0.0);
+        for &ck in c.iter().rev() {
+            let t = self.mul(&acc, x);
+            let ck = self.c(ck);
+            acc = self.add(&t, &ck);
+        }
+        acc
+    }
+
     /// `Σ c_k x^{-k}` by Horner's rule.
     pub fn series_in_inverse(&mut self, x: &Value, c: &[f64]) -> Value {
         let one = self.c(1.0);

@@ -39,7 +39,9 @@ pub(super) fn matrices(x: &ArrayD<f64>) -> Vec<Array2<f64>> {
     let (m, n) = (x.shape()[r - 2], x.shape()[r - 1]);
     let values: Vec<f64> = x.iter().copied().collect();
     if m * n == 0 {
-        return vec![Array2::zeros((m, n)); x.len().checked_div(m * n).unwrap_or(0)];
+        // Empty matrices: as many as the batch dims hold.
+        let count = x.shape()[..r - 2].iter().product();
+        return vec![Array2::zeros((m, n)); count];
     }
     values
         .chunks(m * n)
