@@ -29,6 +29,7 @@ use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torc
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
+use super::special::{EULER_GAMMA, harmonic};
 use super::unary::{chain, float_ref, infer_float, transcendental};
 use crate::here;
 use crate::support::*;
@@ -45,7 +46,6 @@ const LARGE: f64 = 30.0;
 const SMALL: f64 = 2.0;
 const ASYMPTOTIC_TERMS: usize = 16;
 const SERIES_TERMS: usize = 15;
-const EULER_GAMMA: f64 = 0.577_215_664_901_532_9;
 
 /// `c_k` of the asymptotic series: `Π_{j≤k} (4ν² - (2j-1)²) / (k! 8^k)`,
 /// with `(-1)^k` for `I`.
@@ -77,15 +77,6 @@ fn k_nodes(nu: u32) -> impl Iterator<Item = (f64, f64)> {
         let w = if j == 0 { 0.5 } else { 1.0 } * h;
         (t.cosh() - 1.0, (f64::from(nu) * t).cosh() * w)
     })
-}
-
-/// Harmonic numbers `H_0 … H_n`.
-fn harmonic(n: usize) -> Vec<f64> {
-    let mut h = vec![0.0];
-    for k in 1..=n {
-        h.push(h[k - 1] + 1.0 / k as f64);
-    }
-    h
 }
 
 // ---- f64 reference ----

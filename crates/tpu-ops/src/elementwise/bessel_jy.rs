@@ -23,6 +23,7 @@ use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torc
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
+use super::special::{EULER_GAMMA, harmonic};
 use super::unary::{chain, float_ref, infer_float, transcendental};
 use crate::here;
 use crate::support::*;
@@ -39,7 +40,6 @@ const SERIES_UP_TO: f64 = 8.0;
 const LARGE: f64 = 25.0;
 const HANKEL_TERMS: usize = 24;
 const SERIES_TERMS: usize = 26;
-const EULER_GAMMA: f64 = 0.577_215_664_901_532_9;
 
 /// `a_k(ν) = Π_{j≤k} (4ν² - (2j-1)²) / (k! 8^k)`, and Hankel's `P`, `Q`
 /// coefficients from them: `P = Σ (-1)^k a_{2k} x^{-2k}`,
@@ -82,15 +82,6 @@ fn gauss_legendre(n: usize) -> Vec<(f64, f64)> {
             (x, 2.0 / ((1.0 - x * x) * dp * dp))
         })
         .collect()
-}
-
-/// Harmonic numbers `H_0 … H_n`.
-fn harmonic(n: usize) -> Vec<f64> {
-    let mut h = vec![0.0];
-    for k in 1..=n {
-        h.push(h[k - 1] + 1.0 / k as f64);
-    }
-    h
 }
 
 // ---- f64 reference ----

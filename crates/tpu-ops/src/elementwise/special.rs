@@ -4,6 +4,18 @@
 
 use std::f64::consts::PI;
 
+/// The Euler-Mascheroni constant γ.
+pub const EULER_GAMMA: f64 = 0.577_215_664_901_532_9;
+
+/// Harmonic numbers `H_0 … H_n`.
+pub fn harmonic(n: usize) -> Vec<f64> {
+    let mut h = vec![0.0];
+    for k in 1..=n {
+        h.push(h[k - 1] + 1.0 / k as f64);
+    }
+    h
+}
+
 /// Where `erfc` switches from `1 - erf(x)` to its continued fraction.
 const FRACTION_FROM: f64 = 1.0;
 
