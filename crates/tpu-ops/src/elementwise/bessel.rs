@@ -47,26 +47,38 @@ const SMALL: f64 = 2.0;
 const ASYMPTOTIC_TERMS: usize = 16;
 const SERIES_TERMS: usize = 15;
 
-/// `c_k` of the asymptotic series: `Π_{j≤k} (4ν² - (2j-1)²) / (k! 8^k)`,
-/// with `(-1)^k` for `I`.
-fn asymptotic_coefficients(nu: u32, alternate: bool) -> Vec<f64> {
-    let mut c = vec![1.0];
-    for k in 1..ASYMPTOTIC_TERMS {
+/// The first `n` coefficients `a_k(ν) = Π_{j≤k} (4ν² - (2j-1)²) / (k! 8^k)`
+/// of the Bessel functions' asymptotic expansions (Hankel's for `J`, `Y`).
+pub(super) fn asymptotic_terms(nu: u32, n: usize) -> Vec<f64> {
+    let mut a = vec![1.0];
+    for k in 1..n {
         let j = (2 * k - 1) as f64;
-        let step = (4.0 * f64::from(nu * nu) - j * j) / (8.0 * k as f64);
-        let prev = c[k - 1];
-        c.push(prev * if alternate { -step } else { step });
+        a.push(a[k - 1] * (4.0 * f64::from(nu * nu) - j * j) / (8.0 * k as f64));
     }
-    c
+    a
 }
 
-/// Trapezoid nodes and weights for `I_ν`: `(cos θ_j, w_j)`, `Σ w_j = 1`.
-fn i_nodes() -> impl Iterator<Item = (f64, f64)> {
+/// `c_k` of the asymptotic series: `a_k(ν)`, times `(-1)^k` for `I`.
+fn asymptotic_coefficients(nu: u32, alternate: bool) -> Vec<f64> {
+    let a = asymptotic_terms(nu, ASYMPTOTIC_TERMS);
+    let sign = |k: usize| if alternate && k % 2 == 1 { -1.0 } else { 1.0 };
+    a.iter().enumerate().map(|(k, ak)| sign(k) * ak).collect()
+}
+
+/// The trapezoidal rule on `[0, π]` over [`I_NODES`] intervals, for the
+/// periodic integrands of `I_ν` and `J_ν`: `(θ_j, w_j)` with `Σ w_j = 1`,
+/// so the sum is the integral divided by `π`.
+pub(super) fn half_period_nodes() -> impl Iterator<Item = (f64, f64)> {
     (0..=I_NODES).map(|j| {
         let end = j == 0 || j == I_NODES;
         let w = if end { 0.5 } else { 1.0 } / I_NODES as f64;
-        ((j as f64 * PI / I_NODES as f64).cos(), w)
+        (j as f64 * PI / I_NODES as f64, w)
     })
+}
+
+/// `(cos θ_j, w_j)` of [`half_period_nodes`], for `I_ν`.
+fn i_nodes() -> impl Iterator<Item = (f64, f64)> {
+    half_period_nodes().map(|(theta, w)| (theta.cos(), w))
 }
 
 /// Trapezoid nodes and weights for `K_ν`: `(cosh t_j - 1, cosh νt_j · w_j)`.
@@ -330,13 +342,13 @@ fn lower(b: &mut Builder, x: &Value, kind: Kind) -> Value {
 
 // ---- backward rules ----
 
-fn call(t: &mut dyn Tape, op: &str, x: Var) -> OpResult<Var> {
+pub(super) fn call(t: &mut dyn Tape, op: &str, x: Var) -> OpResult<Var> {
     t.call1(op, &[x], Attrs::new())
 }
 
-/// `a - b / x`, with `limit` where `x` is 0 (the derivatives of `I₁` and
-/// `K₁`-like terms).
-fn minus_over_x(t: &mut dyn Tape, a: Var, b: Var, x: Var, limit: f64) -> OpResult<Var> {
+/// `a - b / x`, with `limit` where `x` is 0 (the derivatives of the order-1
+/// Bessel functions).
+pub(super) fn minus_over_x(t: &mut dyn Tape, a: Var, b: Var, x: Var, limit: f64) -> OpResult<Var> {
     let zero = t.full_like(x, 0.0)?;
     let at_zero = t.call1("eq", &[x, zero], Attrs::new())?;
     let one = t.full_like(x, 1.0)?;

@@ -5,7 +5,7 @@
 //! `tests`; PyTorch's own f64 kernels are off by up to 8.6e-7):
 //!
 //! - `J_ν(x) = (1/π) ∫₀^π cos(νθ - x sin θ) dθ` for `|x| <= 25` by the
-//!   trapezoidal rule on [`NODES`] intervals, geometric for this periodic
+//!   trapezoidal rule (the nodes `I_ν` uses), geometric for this periodic
 //!   integrand (ν = 1 integrates `2 sin(θ - x sin θ / 2) sin(x sin θ / 2)`,
 //!   the same value without the cancellation at small `x`).
 //! - `Y_ν(x)` for `x <= 8` from the ascending series (A&S 9.1.11) over
@@ -22,14 +22,13 @@ use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
+use super::bessel::{asymptotic_terms, call, half_period_nodes, minus_over_x};
 use super::lanes::Lanes;
 use super::special::{EULER_GAMMA, harmonic};
 use super::unary::{chain, float_ref, infer_float, transcendental};
 use crate::here;
 use crate::support::*;
 
-/// Trapezoid intervals for `J_ν` on `[0, π]`.
-const NODES: usize = 64;
 /// Gauss-Legendre points for `Y_ν`'s two integrals.
 const GAUSS_POINTS: usize = 64;
 /// Where the second integral's integrand is below e^{-80} for `x >= 8`.
@@ -45,11 +44,7 @@ const SERIES_TERMS: usize = 26;
 /// coefficients from them: `P = Σ (-1)^k a_{2k} x^{-2k}`,
 /// `Q = Σ (-1)^k a_{2k+1} x^{-2k-1}`, both as series in `1/x`.
 fn hankel_coefficients(nu: u32) -> (Vec<f64>, Vec<f64>) {
-    let mut a = vec![1.0];
-    for k in 1..HANKEL_TERMS {
-        let j = (2 * k - 1) as f64;
-        a.push(a[k - 1] * (4.0 * f64::from(nu * nu) - j * j) / (8.0 * k as f64));
-    }
+    let a = asymptotic_terms(nu, HANKEL_TERMS);
     let sign = |k: usize| if (k / 2) % 2 == 0 { 1.0 } else { -1.0 };
     let p = (0..HANKEL_TERMS)
         .map(|k| if k % 2 == 0 { sign(k) * a[k] } else { 0.0 })
@@ -106,10 +101,8 @@ fn j(nu: u32, x: f64) -> f64 {
     if x > LARGE {
         return hankel(nu, x).0;
     }
-    (0..=NODES)
-        .map(|k| {
-            let theta = k as f64 * PI / NODES as f64;
-            let w = if k == 0 || k == NODES { 0.5 } else { 1.0 } / NODES as f64;
+    half_period_nodes()
+        .map(|(theta, w)| {
             let s = theta.sin();
             w * if nu == 0 {
                 (x * s).cos()
@@ -245,9 +238,7 @@ fn lower_hankel(o: &mut Lanes<'_>, nu: u32, x: &Value) -> (Value, Value) {
 /// `J_ν(x)` for `x >= 0`, both regimes selected.
 fn lower_j(o: &mut Lanes<'_>, nu: u32, x: &Value) -> Value {
     let mut sum = o.c(0.0);
-    for k in 0..=NODES {
-        let theta = k as f64 * PI / NODES as f64;
-        let w = if k == 0 || k == NODES { 0.5 } else { 1.0 } / NODES as f64;
+    for (theta, w) in half_period_nodes() {
         let xs = o.scale(x, theta.sin());
         let term = if nu == 0 {
             o.un("stablehlo.cosine", &xs)
@@ -352,10 +343,6 @@ fn lower(b: &mut Builder, x: &Value, kind: Kind) -> Value {
 
 // ---- backward rules ----
 
-fn call(t: &mut dyn Tape, op: &str, x: Var) -> OpResult<Var> {
-    t.call1(op, &[x], Attrs::new())
-}
-
 /// `ν = 0`: `-f₁`; `ν = 1`: `f₀ - f₁ / x`, `at_zero` at 0 (1/2 for `J₁`,
 /// +∞ for `Y₁`).
 fn derivative(
@@ -371,14 +358,7 @@ fn derivative(
         return t.neg(f1);
     }
     let f0 = call(t, ops[0], x)?;
-    let zero = t.full_like(x, 0.0)?;
-    let is_zero = t.call1("eq", &[x, zero], Attrs::new())?;
-    let one = t.full_like(x, 1.0)?;
-    let safe = t.call1("where", &[is_zero, one, x], Attrs::new())?;
-    let q = t.div(y, safe)?;
-    let d = t.sub(f0, q)?;
-    let limit = t.full_like(x, at_zero)?;
-    t.call1("where", &[is_zero, limit, d], Attrs::new())
+    minus_over_x(t, f0, y, x, at_zero)
 }
 
 // ---- records ----
