@@ -8,17 +8,8 @@ import math
 import torch
 
 from .. import _C
+from .linalg import _float, _solve, _square
 from .registry import kernel
-
-
-def _square(A, what):
-    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
-        raise RuntimeError(f"{what}: expected a batch of square matrices, got shape {list(A.shape)} (tpu)")
-
-
-def _float(A, what):
-    if A.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise RuntimeError(f"{what}: expected a floating point tensor, got {A.dtype} (tpu)")
 
 
 @kernel("_linalg_eigh")
@@ -159,8 +150,6 @@ def linalg_lstsq(self, b, rcond=None, *, driver=None):
     """Least squares through QR, for full-rank ``A``: ``R⁻¹ Qᵀ B`` when tall,
     the minimum-norm ``Q R⁻ᵀ B`` (from ``Aᵀ = Q R``) when wide. The extra
     outputs follow the driver, as on the CPU."""
-    from .linalg import _solve
-
     _float(self, "linalg.lstsq")
     driver = driver or "gelsy"
     if driver not in ("gels", "gelsy", "gelsd", "gelss"):
@@ -228,7 +217,7 @@ def linalg_matrix_exp(A):
     n = A.shape[-1]
     if A.numel() == 0:
         return A.clone()
-    norm = float(A.abs().sum(-2).amax()) if A.numel() else 0.0
+    norm = float(A.abs().sum(-2).amax())
     if not math.isfinite(norm):
         return torch.full_like(A, float("nan"))
     s = max(0, math.ceil(math.log2(norm))) if norm > 0 else 0

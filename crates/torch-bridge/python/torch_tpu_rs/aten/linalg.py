@@ -9,6 +9,16 @@ from .elementwise import run
 from .registry import kernel
 
 
+def _square(A, what):
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise RuntimeError(f"{what}: expected a batch of square matrices, got shape {list(A.shape)} (tpu)")
+
+
+def _float(A, what):
+    if A.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise RuntimeError(f"{what}: expected a floating point tensor, got {A.dtype} (tpu)")
+
+
 def _batched(a, b):
     """``a`` and ``b`` with their batch dims broadcast to one shape."""
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -42,8 +52,7 @@ def _failed_order(a):
 
 @kernel("linalg_cholesky_ex")
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
-    if self.ndim < 2 or self.shape[-1] != self.shape[-2]:
-        raise RuntimeError(f"linalg.cholesky: expected a batch of square matrices, got shape {list(self.shape)} (tpu)")
+    _square(self, "linalg.cholesky")
     a = _from_lower(self)
     if self.shape[-1] == 0:
         return self.clone(), torch.zeros(self.shape[:-2], dtype=torch.int32, device=self.device)

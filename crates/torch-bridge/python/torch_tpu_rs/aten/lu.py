@@ -6,22 +6,16 @@ formulas over these kernels."""
 import torch
 
 from .. import _C
-from .linalg import _solve
+from .linalg import _float, _solve, _square
 from .registry import kernel
 
 
 def _factor(A, what):
     if A.ndim < 2:
         raise RuntimeError(f"{what}: expected a tensor with 2 or more dimensions, got shape {list(A.shape)} (tpu)")
-    if A.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise RuntimeError(f"{what}: expected a floating point tensor, got {A.dtype} (tpu)")
+    _float(A, what)
     lu, pivots = _C.run("lu_factor", [A.contiguous()], None)
     return lu, pivots
-
-
-def _square(A, what):
-    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
-        raise RuntimeError(f"{what}: expected a batch of square matrices, got shape {list(A.shape)} (tpu)")
 
 
 def _info(lu):
