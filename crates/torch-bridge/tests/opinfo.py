@@ -48,14 +48,15 @@ def _on_alarm(signum, frame):
     raise _Timeout()
 
 
-def _map(x, f):
+def _map(x, f, other=lambda v: v):
+    """``x`` with ``f`` applied to its tensors and ``other`` to its other leaves."""
     if isinstance(x, torch.Tensor):
         return f(x)
     if isinstance(x, (list, tuple)):
-        return type(x)(_map(v, f) for v in x)
+        return type(x)(_map(v, f, other) for v in x)
     if isinstance(x, dict):
-        return {k: _map(v, f) for k, v in x.items()}
-    return x
+        return {k: _map(v, f, other) for k, v in x.items()}
+    return other(x)
 
 
 def _tensors(x):
@@ -126,13 +127,13 @@ def _same_shapes(tpu, cpu):
 
 
 def check_forward(op, dtype, samples):
-    for sample in samples:
+    for tpu_sample, sample in samples:
         try:
             torch.manual_seed(0)
             expected = _call(op, sample)
         except Exception as e:  # noqa: BLE001
             raise Unsupported(f"CPU raises {type(e).__name__}") from e
-        got = _call(op, _to_tpu_sample(sample))
+        got = _call(op, tpu_sample)
         if _random(op, sample):
             _same_shapes(got, expected)
         else:
@@ -148,7 +149,7 @@ def _differentiable_outputs(out):
 
 
 def check_gradients(op, samples):
-    for sample in samples:
+    for tpu_sample, sample in samples:
         inputs = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
         if not inputs:
             continue
@@ -161,7 +162,6 @@ def check_gradients(op, samples):
         torch.manual_seed(1)
         cotangents = [torch.randn_like(o) for o in out]
         expected = torch.autograd.grad(out, inputs, cotangents, allow_unused=True)
-        tpu_sample = _to_tpu_sample(sample)
         tpu_inputs = [t for t in _tensors((tpu_sample.input, tpu_sample.args, tpu_sample.kwargs)) if t.requires_grad]
         tpu_out = _differentiable_outputs(tpu_sample.output_process_fn_grad(_call(op, tpu_sample)))
         got = torch.autograd.grad(tpu_out, tpu_inputs, [c.to("tpu") for c in cotangents], allow_unused=True)
@@ -173,31 +173,45 @@ def check_gradients(op, samples):
             _compare(g, e, GRAD_TOLERANCE, f"gradient {i}")
 
 
-def _to_tpu(t):
-    # Leaves stay leaves on the device, with the same requires_grad; the
-    # dtypes `transform` also hands over stay as they are.
-    if not isinstance(t, torch.Tensor):
-        return t
-    if t._base is not None and not t.requires_grad:
-        # A view stays a view of its moved base, so ops that reach into the
-        # storage around it (as_strided with a storage offset) see the same
-        # elements.
-        return t._base.detach().to("tpu").as_strided(t.size(), t.stride(), t.storage_offset())
-    return t.detach().to("tpu").requires_grad_(t.requires_grad)
+def _moved(device):
+    """Moves a sample's tensors to ``device``: leaves stay leaves with the
+    same requires_grad, and a view stays a view of its moved base, so ops
+    that reach into the storage around it (as_strided with a storage
+    offset) see the same elements."""
+
+    def move(t):
+        if not isinstance(t, torch.Tensor) or t.device.type == device:
+            return t
+        if t._base is not None and not t.requires_grad:
+            return t._base.detach().to(device).as_strided(t.size(), t.stride(), t.storage_offset())
+        return t.detach().to(device).requires_grad_(t.requires_grad)
+
+    return move
 
 
-def _to_tpu_sample(sample):
-    tpu = sample.transform(_to_tpu)
-    # Factory functions are told the device by keyword.
-    if tpu.kwargs.get("device") is not None:
-        tpu.kwargs["device"] = "tpu"
-    return tpu
+def _to_cpu_sample(sample):
+    """The sample as the CPU runs it, as PyTorch's ``test_compare_cpu``
+    does: tensors the sample made on the device move, tensors it made on
+    the CPU on purpose (split indices) stay."""
+    cpu = sample.transform(_moved("cpu"))
+    # Factory functions and `to` are told the device as an argument.
+    cpu.args = _map(cpu.args, lambda v: v, _on_cpu)
+    cpu.kwargs = _map(cpu.kwargs, lambda v: v, _on_cpu)
+    return cpu
+
+
+def _on_cpu(v):
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    return "cpu" if isinstance(v, str) and v.startswith("tpu") else v
 
 
 def _samples(op, dtype, requires_grad, n):
+    """The entry's first ``n`` samples, made on the device, each paired
+    with its CPU copy."""
     out = []
-    for s in op.sample_inputs("cpu", dtype, requires_grad=requires_grad):
-        out.append(s)
+    for s in op.sample_inputs("tpu", dtype, requires_grad=requires_grad):
+        out.append((s, _to_cpu_sample(s)))
         if len(out) == n:
             break
     return out

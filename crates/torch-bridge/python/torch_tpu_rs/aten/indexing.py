@@ -355,6 +355,8 @@ def _linear_index(self, indices, op):
     for d, idx in enumerate(indices):
         if idx is None:
             continue
+        # PyTorch takes CPU index tensors for any device's tensor.
+        idx = idx.to(self.device)
         if idx.dtype == torch.bool:
             # A mask indexes as its nonzero positions (one index per mask dim).
             for k, col in enumerate(nonzero(idx).unbind(1)):

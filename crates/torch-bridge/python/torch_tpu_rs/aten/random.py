@@ -107,3 +107,18 @@ def rrelu_with_noise(self, noise, lower=1.0 / 8, upper=1.0 / 3, training=False, 
     slope = torch.where(self >= 0, torch.ones_like(slope), slope)
     _C.copy_into(noise, slope)
     return self * slope
+
+
+@raw("randperm.generator_out")
+def randperm_out(n, *, generator=None, out):
+    """A uniform permutation: the order of ``n`` random 48-bit keys (two
+    24-bit draws, so ties are vanishingly rare and every device has the
+    integer sort it needs)."""
+    _no_generator("randperm", generator)
+    draws = torch.empty((2, n), dtype=torch.float32, device=out.device)
+    _C.fill_random("uniform", draws, {"low": 0.0, "high": 1.0})
+    bits = torch.floor(draws * 2.0**24).to(torch.int64)
+    keys = bits[0] * 2**24 + bits[1]
+    out.resize_(n)
+    _C.copy_into(out, torch.argsort(keys).to(out.dtype))
+    return out
