@@ -270,3 +270,16 @@ def test_interpolation_gradients_match_the_cpu(mode, kwargs, dims):
     x = torch.randn((2, 3) + (5, 4, 6)[:dims], dtype=torch.float64)
     fn = lambda t: torch.nn.functional.interpolate(t, **kwargs)  # noqa: E731
     assert torch.allclose(_grad(fn, x, "tpu"), _grad(fn, x, "cpu"))
+
+
+@pytest.mark.parametrize("op", [torch.igamma, torch.igammac])
+def test_incomplete_gamma_regimes_edges_and_grad(op):
+    # Both sides of x = a + 1, large shapes near their mean, and the edges.
+    a = torch.tensor([0.3, 2.0, 2.0, 7.5, 500.0, 500.0, 0.0, 0.0, 1.0, math.inf, -1.0, float("nan"), 3.0])
+    x = torch.tensor([0.1, 2.9, 3.1, 30.0, 480.0, 530.0, 1.0, 0.0, 0.0, 5.0, 1.0, 1.0, math.inf])
+    assert_close(op(a.to("tpu"), x.to("tpu")), op(a, x), atol=1e-6, rtol=1e-4, equal_nan=True)
+    a64, x64 = torch.rand(200, dtype=torch.float64) * 40 + 0.01, torch.rand(200, dtype=torch.float64) * 50
+    assert_close(op(a64.to("tpu"), x64.to("tpu")), op(a64, x64), atol=1e-12, rtol=1e-8)
+    # PyTorch differentiates x only.
+    grad = _grad(lambda t: op(a64[:5].to(t.device), t), x64[:5] + 0.5, "tpu")
+    assert torch.allclose(grad, _grad(lambda t: op(a64[:5], t), x64[:5] + 0.5, "cpu"))

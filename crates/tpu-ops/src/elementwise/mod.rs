@@ -7,6 +7,7 @@ mod bessel_jy;
 mod binary;
 mod compare;
 mod gamma;
+mod incomplete_gamma;
 mod lanes;
 mod logic;
 mod next_after;

@@ -44,6 +44,8 @@ kernel("atan2")(_binary("atan2", float_result=True))
 kernel("hypot")(_binary("hypot", float_result=True))
 kernel("nextafter")(_binary("nextafter"))
 kernel("special_zeta")(_binary("zeta", float_result=True))
+kernel("igamma")(_binary("igamma", float_result=True))
+kernel("igammac")(_binary("igammac", float_result=True))
 for _name in (
     "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
     "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
