@@ -283,3 +283,27 @@ def test_incomplete_gamma_regimes_edges_and_grad(op):
     # PyTorch differentiates x only.
     grad = _grad(lambda t: op(a64[:5].to(t.device), t), x64[:5] + 0.5, "tpu")
     assert torch.allclose(grad, _grad(lambda t: op(a64[:5], t), x64[:5] + 0.5, "cpu"))
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(bins=[3, 4]),
+    dict(bins=[2, 5], range=[-1.0, 1.0, 0.0, 2.0], density=True),   # points outside are dropped
+    dict(bins=[4, 2], weight=True),
+])
+def test_histogramdd(kwargs):
+    x = torch.randn(50, 2)
+    x[0] = torch.tensor([1.0, 2.0])  # lands on edges of the given range
+    if kwargs.get("weight"):
+        kwargs = dict(kwargs, weight=torch.rand(50))
+    got = torch.histogramdd(x.to("tpu"), **{k: v.to("tpu") if torch.is_tensor(v) else v for k, v in kwargs.items()})
+    want = torch.histogramdd(x, **kwargs)
+    assert_close(got.hist, want.hist, atol=1e-5, rtol=1e-5)
+    for g, w in zip(got.bin_edges, want.bin_edges):
+        assert_close(g, w)
+    # Given edges, a single value in a dim, and no points at all.
+    edges = [torch.tensor([-2.0, 0.0, 0.5, 3.0]), torch.tensor([-1.0, 1.0])]
+    assert_close(torch.histogramdd(x.to("tpu"), bins=[e.to("tpu") for e in edges]).hist, torch.histogramdd(x, bins=edges).hist)
+    flat = torch.tensor([[1.0, 2.0], [1.0, 3.0]])
+    assert_close(torch.histogramdd(flat.to("tpu"), bins=[2, 2]).hist, torch.histogramdd(flat, bins=[2, 2]).hist)
+    assert_close(torch.histogramdd(torch.empty(0, 2, device="tpu"), bins=[2, 3]).bin_edges[1],
+                 torch.histogramdd(torch.empty(0, 2), bins=[2, 3]).bin_edges[1])

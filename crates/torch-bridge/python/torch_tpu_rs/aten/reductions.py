@@ -243,6 +243,65 @@ def histogram_edges(self, bins, *, weight=None, density=False):
     return _histogram(self, bins.to(self.dtype), weight, density)
 
 
+def _histogramdd_edges(self, bins, range):
+    """Each dim's ``bins + 1`` evenly spaced edges over ``range`` or the
+    data's extent in that dim (``[0, 1]`` for no data; a single value
+    widens by a half on each side)."""
+    dims = self.shape[-1]
+    points = self.reshape(-1, dims)
+    if range is not None:
+        lo, hi = list(range[0::2]), list(range[1::2])
+    elif points.shape[0]:
+        lo, hi = points.amin(0).tolist(), points.amax(0).tolist()
+    else:
+        lo, hi = [0.0] * dims, [1.0] * dims
+    edges = []
+    for d, n in enumerate(bins):
+        a, b = lo[d], hi[d]
+        if not (math.isfinite(a) and math.isfinite(b)) or a > b:
+            raise RuntimeError(f"histogramdd: dim {d}'s range [{a}, {b}] is not finite and increasing (tpu)")
+        if a == b:
+            a, b = a - 0.5, b + 0.5
+        edges.append(torch.linspace(a, b, n + 1, dtype=self.dtype, device=self.device))
+    return edges
+
+
+@kernel("_histogramdd_bin_edges")
+def _histogramdd_bin_edges(self, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_edges(self, bins, range)
+
+
+@kernel("_histogramdd_from_bin_cts")
+def _histogramdd_from_bin_cts(self, bins, *, range=None, weight=None, density=False):
+    return _histogramdd_from_bin_tensors(self, _histogramdd_edges(self, bins, range), weight=weight, density=density)
+
+
+@kernel("_histogramdd_from_bin_tensors")
+def _histogramdd_from_bin_tensors(self, bins, *, weight=None, density=False):
+    """The points (the last dim holds each point's coordinates) counted, or
+    their ``weight`` summed, per cell of the grid the ``bins`` edges make;
+    in each dim as in ``histogram``."""
+    dims = self.shape[-1]
+    points = self.reshape(-1, dims)
+    inside = torch.ones(points.shape[0], dtype=torch.bool, device=self.device)
+    cell = torch.zeros(points.shape[0], dtype=torch.int64, device=self.device)
+    for d, edges in enumerate(bins):
+        n = edges.shape[0] - 1
+        column = points[:, d].contiguous()
+        cell = cell * n + (torch.searchsorted(edges, column, right=True) - 1).clamp(0, n - 1)
+        inside = inside & (column >= edges[0]) & (column <= edges[-1])
+    w = inside.to(self.dtype) if weight is None else torch.where(inside, weight.reshape(-1), 0).to(self.dtype)
+    shape = [edges.shape[0] - 1 for edges in bins]
+    hist = torch.zeros(math.prod(shape), dtype=self.dtype, device=self.device).index_add(0, cell, w).reshape(shape)
+    if density:
+        hist = hist / hist.sum()
+        for d, edges in enumerate(bins):
+            width = [1] * dims
+            width[d] = shape[d]
+            hist = hist / (edges[1:] - edges[:-1]).reshape(width)
+    return hist
+
+
 def _segment_lengths(lengths, offsets):
     if lengths is not None:
         return lengths
