@@ -207,3 +207,40 @@ def test_special_functions_across_their_regimes(mode, name, span):
     got = fn(x.to("tpu"))
     assert_close(got, exact, atol=2e-5, rtol=2e-4, equal_nan=True)
     assert_close(fn(x.double().to("tpu")), fn(x.double()), atol=1e-6, rtol=1e-6, equal_nan=True)
+
+
+def _ldl_cases():
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.randn(5, 5, generator=g, dtype=torch.float64) for _ in range(8)]  # 1x1 and 2x2 pivots
+    cases += [
+        torch.randn(3, 6, 6, generator=g, dtype=torch.float64),          # a batch
+        torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64),     # only a 2x2 pivot works
+        torch.diag(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)),  # singular: info, no elimination
+        torch.zeros(3, 3, dtype=torch.float64),
+        torch.empty(0, 0, dtype=torch.float64),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("case", range(len(_ldl_cases())))
+def test_ldl_factor_matches_lapack_pivots_and_solves(case):
+    a = _ldl_cases()[case]
+    ld, pivots, info = torch.linalg.ldl_factor_ex(a.to("tpu"))
+    ld_cpu, pivots_cpu, info_cpu = torch.linalg.ldl_factor_ex(a)
+    assert_close(ld, ld_cpu, atol=1e-10, rtol=1e-10)
+    assert torch.equal(pivots.cpu(), pivots_cpu) and torch.equal(info.cpu(), info_cpu)
+    if a.numel() and bool((info_cpu == 0).all()):
+        b = torch.randn(a.shape[:-1] + (3,), dtype=torch.float64)
+        x = torch.linalg.ldl_solve(ld, pivots, b.to("tpu"))
+        assert_close(x, torch.linalg.ldl_solve(ld_cpu, pivots_cpu, b), atol=1e-9, rtol=1e-9)
+        # And it solves the symmetric system the lower triangle describes.
+        sym = a.tril() + a.tril(-1).mT
+        assert_close(sym.to("tpu") @ x, b, atol=1e-8, rtol=1e-8)
+
+
+def test_ldl_factor_errors():
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.ldl_factor_ex(torch.zeros(3, 3, device="tpu"), check_errors=True)
+    with pytest.raises(RuntimeError, match="ldl_solve"):
+        ld, pivots = torch.linalg.ldl_factor(torch.eye(3, device="tpu"))
+        torch.linalg.ldl_solve(ld, pivots, torch.ones(4, 1, device="tpu"))
