@@ -94,15 +94,26 @@ def test_antialiased_interpolate(mode, shape, kwargs):
     _check(lambda t: F.interpolate(t, mode=mode, antialias=True, **kwargs), x)
 
 
+@pytest.mark.parametrize("dims", [2, 3])
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample_3d(mode, padding_mode, align_corners):
-    x = torch.randn(2, 3, 4, 5, 6, dtype=torch.float64)
-    grid = torch.rand(2, 3, 4, 5, 3, dtype=torch.float64) * 2.6 - 1.3  # some points outside
-    got = F.grid_sample(x.to("tpu"), grid.to("tpu"), mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    want = F.grid_sample(x, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    assert_close(got, want, atol=1e-10, rtol=1e-8)
+def test_grid_sample_and_grads(dims, mode, padding_mode, align_corners):
+    """Values and both gradients; points inside, outside and far outside
+    (several reflections)."""
+    x = torch.randn((2, 3) + (4, 5, 6)[:dims], dtype=torch.float64)
+    grid = torch.rand((2,) + (3, 4, 5)[:dims] + (dims,), dtype=torch.float64) * 2.6 - 1.3
+    grid[0, 0, 0] = 3.7
+
+    def run(device):
+        xs = x.to(device).requires_grad_(True)
+        gs = grid.to(device).requires_grad_(True)
+        out = F.grid_sample(xs, gs, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+        cotangent = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape).to(device)
+        return (out, *torch.autograd.grad(out, (xs, gs), cotangent))
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert_close(got, want, atol=1e-10, rtol=1e-8)
 
 
 def test_randperm_is_a_permutation():
