@@ -2,7 +2,8 @@
 ``opinfo.py``), in a fresh process: the pass rate of each stage, among the
 entries that run on the CPU, must stay at or above its bar. The bars are
 the rates measured when they were last raised, less about a point for
-entries that pass or fail by a rounding; raise them as ops land."""
+entries that pass or fail by a rounding (float32 forward is held at the
+95% goal); raise them as ops land."""
 
 import json
 import os
@@ -16,9 +17,9 @@ SCRIPT = pathlib.Path(__file__).with_name("opinfo.py")
 
 #: The lowest pass rate (passed / (passed + failed)) each stage may have.
 BARS = {
-    "float32 forward": 0.92,
-    "bfloat16 forward": 0.92,
-    "float32 gradients": 0.935,
+    "float32 forward": 0.95,
+    "bfloat16 forward": 0.94,
+    "float32 gradients": 0.95,
 }
 
 
