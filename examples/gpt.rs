@@ -17,12 +17,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use tpu_rs::Result;
 use tpu_rs::dist::{DataParallel, DeviceGroup, JobOptions, World};
-use tpu_rs::models::{Gpt, GptConfig};
+use tpu_rs::models::{Gpt, GptConfig, Sampling};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::optim::{AdamW, CosineSchedule, Optimizer, clip_grad_norm};
 use tpu_rs::prelude::*;
-use tpu_rs::{Result, no_grad};
 
 const CONFIG: GptConfig = GptConfig::tiny();
 const BATCH: usize = 8;
@@ -173,7 +173,7 @@ fn default_corpus() -> Vec<u8> {
     text
 }
 
-/// A small deterministic generator for batches and sampling.
+/// A small deterministic generator for batches and the sampling seed.
 struct Rng(u64);
 
 impl Rng {
@@ -185,9 +185,6 @@ impl Rng {
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -206,37 +203,30 @@ fn batch(data: &[u8], rng: &mut Rng, device: Device) -> Result<(Tensor, Tensor)>
     ))
 }
 
-fn generate(
-    model: &Gpt,
-    prompt: &[u8],
-    n: usize,
-    rng: &mut Rng,
-    device: Device,
-) -> Result<Vec<u8>> {
-    let mut out = prompt.to_vec();
-    no_grad(|| {
-        for _ in 0..n {
-            let start = out.len().saturating_sub(CONFIG.block_size);
-            let context: Vec<i64> = out[start..].iter().map(|&b| i64::from(b)).collect();
-            let len = context.len();
-            let logits = model.forward(&Tensor::from_vec(context, [1, len], device)?)?;
-            let last = logits
-                .slice(1, len as i64 - 1, len as i64, 1)?
-                .reshape(&[-1])?;
-            let probs = last.scale(1.0 / 0.8)?.softmax(-1)?.to_f64_vec()?;
-            let mut r = rng.unit();
-            let mut next = probs.len() - 1;
-            for (i, p) in probs.iter().enumerate() {
-                if r < *p {
-                    next = i;
-                    break;
-                }
-                r -= p;
-            }
-            out.push(next as u8);
-        }
-        Ok(out)
-    })
+/// Fills the rest of the context after `prompt` by sampling with the KV
+/// cache, and reports the generation speed.
+fn generate(model: &Gpt, prompt: &[u8], seed: u64, device: Device) -> Result<Vec<u8>> {
+    let ids: Vec<i64> = prompt.iter().map(|&b| i64::from(b)).collect();
+    let prompt_tensor = Tensor::from_vec(ids, [1, prompt.len()], device)?;
+    let new = CONFIG.block_size - prompt.len();
+    let sampling = Sampling::Random {
+        temperature: 0.8,
+        top_k: None,
+        seed,
+    };
+    let before = tpu_rs::metrics();
+    let started = Instant::now();
+    let tokens = model
+        .generate(&prompt_tensor, new, sampling)?
+        .to_vec::<i64>()?;
+    let secs = started.elapsed().as_secs_f64();
+    let after = tpu_rs::metrics();
+    println!(
+        "generated {new} tokens in {secs:.2} s: {:.0} tokens/s ({} programs built)",
+        new as f64 / secs,
+        after.compiles + after.disk_hits - before.compiles - before.disk_hits
+    );
+    Ok(tokens.into_iter().map(|t| t as u8).collect())
 }
 
 /// The model being trained: one copy on one device, or one replica per
@@ -410,7 +400,7 @@ fn main() -> Result<()> {
         first.unwrap_or_default()
     );
     stores[0].set_training(false);
-    let sample = generate(model, b"fn main() {", 200, &mut rng, device)?;
+    let sample = generate(model, b"fn main() {", rng.next(), device)?;
     println!("--- sample ---\n{}", String::from_utf8_lossy(&sample));
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! and training under each eager mode; checkpoints round-trip.
 
 use tpu_rs::checkpoint;
-use tpu_rs::models::{Gpt, GptConfig};
+use tpu_rs::models::{Gpt, GptConfig, Sampling};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
@@ -167,5 +167,61 @@ fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
     for (g, w) in got.iter().zip(&want) {
         assert!((g - w).abs() < 1e-4 * (1.0 + w.abs()), "{g} vs {w}");
     }
+    // Greedy decoding with the KV cache gives PyTorch's tokens (which
+    // recomputes the whole sequence each step), in every eager mode.
+    let greedy: Vec<i64> = read("greedy.i64")
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let prompt: Vec<i64> = greedy
+        .chunks(c.block_size)
+        .flat_map(|row| row[..5].to_vec())
+        .collect();
+    for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
+        let got = with_eager_mode(mode, || -> Result<Vec<i64>> {
+            let prompt = Tensor::from_vec(prompt.clone(), [2, 5], Device::Tpu(0))?;
+            model
+                .generate(&prompt, c.block_size - 5, Sampling::Greedy)?
+                .to_vec::<i64>()
+        })??;
+        assert_eq!(got, greedy, "{mode:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn sampling_is_seeded_and_top_k_one_is_greedy() -> Result<()> {
+    let store = ParamStore::new(Device::Tpu(0), DType::F32, 5);
+    let model = Gpt::new(&store, CONFIG)?;
+    let prompt = Tensor::from_vec(vec![1i64, 2, 3], [1, 3], Device::Tpu(0))?;
+    let run =
+        |sampling| -> Result<Vec<i64>> { model.generate(&prompt, 13, sampling)?.to_vec::<i64>() };
+    let random = |seed, top_k| Sampling::Random {
+        temperature: 1.5,
+        top_k,
+        seed,
+    };
+    let a = run(random(7, None))?;
+    assert_eq!(a, run(random(7, None))?, "same seed, same tokens");
+    assert_ne!(a, run(random(8, None))?, "another seed, other tokens");
+    assert!(
+        a.iter()
+            .all(|&t| (0..CONFIG.vocab_size as i64).contains(&t))
+    );
+    assert_eq!(run(random(9, Some(1)))?, run(Sampling::Greedy)?);
+    // Too long, an empty prompt and a bad temperature are shape errors.
+    assert!(matches!(
+        model.generate(&prompt, 14, Sampling::Greedy),
+        Err(Error::Shape { .. })
+    ));
+    let cold = Sampling::Random {
+        temperature: 0.0,
+        top_k: None,
+        seed: 1,
+    };
+    assert!(matches!(
+        model.generate(&prompt, 2, cold),
+        Err(Error::Shape { .. })
+    ));
     Ok(())
 }

@@ -3,7 +3,9 @@
 //! so checkpoints of the same architecture in PyTorch load directly.
 
 use crate::error::{Error, Result};
-use crate::nn::{CausalSelfAttention, Embedding, LayerNorm, Linear, Mlp, Module, ParamStore, Path};
+use crate::nn::{
+    CausalSelfAttention, Embedding, LayerCache, LayerNorm, Linear, Mlp, Module, ParamStore, Path,
+};
 use crate::tensor::Tensor;
 
 /// Model dimensions.
@@ -56,6 +58,25 @@ impl Block {
         let x = (x + &self.attn.forward(&self.ln_1.forward(x)?)?)?;
         &x + &self.mlp.forward(&self.ln_2.forward(&x)?)?
     }
+
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let attn = self
+            .attn
+            .forward_cached(&self.ln_1.forward(x)?, positions, cache)?;
+        let x = (x + &attn)?;
+        &x + &self.mlp.forward(&self.ln_2.forward(&x)?)?
+    }
+}
+
+/// The keys and values of every layer for `batch` sequences of up to the
+/// model's block size, filled as [`Gpt::forward_cached`] runs.
+pub struct KvCache {
+    layers: Vec<LayerCache>,
 }
 
 /// The decoder.
@@ -117,6 +138,33 @@ impl Gpt {
         let mut x = (&self.wte.forward(tokens)? + &self.wpe.forward(&positions)?)?;
         for block in &self.blocks {
             x = block.forward(&x)?;
+        }
+        self.lm_head.forward(&self.ln_f.forward(&x)?)
+    }
+
+    /// An empty cache for `batch` sequences, on the model's device.
+    pub fn kv_cache(&self, batch: usize) -> Result<KvCache> {
+        let like = self.wte.weight.get();
+        let layers = self
+            .blocks
+            .iter()
+            .map(|block| block.attn.cache(batch, self.config.block_size, &like))
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Logits `[batch, time, vocab]` for token ids `[batch, time]` at
+    /// `positions` (an i64 `[time]` device tensor), attending to everything
+    /// `cache` holds before them; their keys and values join the cache.
+    pub fn forward_cached(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let mut x = (&self.wte.forward(tokens)? + &self.wpe.forward(positions)?)?;
+        for (block, layer) in self.blocks.iter().zip(&mut cache.layers) {
+            x = block.forward_cached(&x, positions, layer)?;
         }
         self.lm_head.forward(&self.ln_f.forward(&x)?)
     }

@@ -1,5 +1,7 @@
 //! Ready-made models.
 
+mod generate;
 mod gpt;
 
-pub use gpt::{Gpt, GptConfig};
+pub use generate::Sampling;
+pub use gpt::{Gpt, GptConfig, KvCache};

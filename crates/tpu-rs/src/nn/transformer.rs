@@ -2,6 +2,7 @@
 //! in Hugging Face's GPT-2 (`attn.c_attn`, `attn.c_proj`, `mlp.c_fc`,
 //! `mlp.c_proj`) but with PyTorch `nn.Linear` weight layout.
 
+use tpu_core::DType;
 use tpu_core::op::Attrs;
 
 use super::layers::{Linear, Module};
@@ -65,6 +66,75 @@ impl Module for CausalSelfAttention {
             &[&q, &k, &v],
             Attrs::new().with("causal", true),
         )?;
+        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
+        self.c_proj.forward(&y)
+    }
+}
+
+/// One attention layer's keys and values for a whole context,
+/// `[batch, heads, capacity, head_dim]`: decoding writes each new position
+/// into it, so every step has the same shapes (and reuses its programs).
+pub struct LayerCache {
+    /// Keys by position.
+    pub keys: Tensor,
+    /// Values by position.
+    pub values: Tensor,
+}
+
+impl CausalSelfAttention {
+    /// An empty cache for `batch` sequences of up to `capacity` positions.
+    pub fn cache(&self, batch: usize, capacity: usize, like: &Tensor) -> Result<LayerCache> {
+        let shape = [batch, self.heads, capacity, self.channels / self.heads];
+        Ok(LayerCache {
+            keys: Tensor::zeros(shape, like.dtype(), like.device())?,
+            values: Tensor::zeros(shape, like.dtype(), like.device())?,
+        })
+    }
+
+    /// Attention of `x` (`[batch, time, channels]`, at `positions`, an i64
+    /// `[time]` device tensor) over every cached position up to each
+    /// token's own: its keys and values are written into `cache` first.
+    /// The positions stay on the device, so a decode step's program does
+    /// not depend on where in the sequence it is.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        positions: &Tensor,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let [b, t, c] = x.dims() else {
+            return Err(Error::Shape {
+                layer: "CausalSelfAttention".into(),
+                reason: format!("expects [batch, time, channels], got {}", x.shape()),
+            });
+        };
+        let (b, t, c) = (*b as i64, *t as i64, *c as i64);
+        let h = self.heads as i64;
+        let d = c / h;
+        let capacity = cache.keys.dims()[2];
+        let qkv = self.c_attn.forward(x)?;
+        let split = |i: i64| -> Result<Tensor> {
+            qkv.slice(-1, i * c, (i + 1) * c, 1)?
+                .reshape(&[b, t, h, d])?
+                .permute(&[0, 2, 1, 3])
+        };
+        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+        let at = positions
+            .reshape(&[1, 1, t, 1])?
+            .broadcast_to(&[b as usize, h as usize, t as usize, d as usize])?;
+        cache.keys = cache.keys.scatter(2, &at, &k)?;
+        cache.values = cache.values.scatter(2, &at, &v)?;
+        // Token i sees the cached positions up to its own.
+        let keys = Tensor::iota([1, capacity], 1, DType::I64, x.device())?;
+        let visible = keys.le(&positions.reshape(&[t, 1])?)?;
+        let scores = q
+            .matmul(&cache.keys.transpose(-2, -1)?)?
+            .scale(1.0 / (d as f64).sqrt())?;
+        let hidden = Tensor::full([1], f64::NEG_INFINITY, scores.dtype(), x.device())?;
+        let y = scores
+            .where_else(&visible, &hidden)?
+            .softmax(-1)?
+            .matmul(&cache.values)?;
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
         self.c_proj.forward(&y)
     }
