@@ -120,10 +120,6 @@ impl CompileCache {
         }
         let started = Instant::now();
         let executable = Arc::new(client.compile(program, options)?);
-        if let Ok(dir) = std::env::var("TMP_DUMP") {
-            let n = self.compiles.load(Ordering::Relaxed);
-            let _ = std::fs::write(format!("{dir}/{n:04}.mlir"), program);
-        }
         crate::metrics::record_compile(started.elapsed());
         let nanos = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
         self.compile_nanos.fetch_add(nanos, Ordering::Relaxed);
