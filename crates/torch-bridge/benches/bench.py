@@ -8,12 +8,17 @@
    time to issue a step (trace) and to finish it (execute), and the first
    step's time (compiles, or loads from the on-disk cache when a previous
    run left them there).
-3. Distributed, on localhost: ``all_reduce`` latency and bus bandwidth of
+3. Generation: Hugging Face ``generate`` (greedy, 48 new tokens after a
+   16-token prompt) of a GPT-2 with 2 layers of width 128 and one with 4 of
+   width 256 on ``tpu`` under Strict and DeferAndFuse, with the default
+   (dynamic) and the static KV cache, against PyTorch CPU eager: ms/token,
+   the ratio, and programs built per generated token after a warm-up.
+4. Distributed, on localhost: ``all_reduce`` latency and bus bandwidth of
    ``tpu_dist`` on tpu tensors against Gloo on CPU tensors of the same
    sizes, in the same processes; a DDP step (an MLP, global batch 256) on
    1 and 2 ranks, on tpu (tpu_dist) and on the CPU (Gloo).
 
-    python crates/torch-bridge/benches/bench.py [--steps N] [--skip-gpt2]
+    python crates/torch-bridge/benches/bench.py [--steps N] [--skip-gpt2] [--skip-generate]
 """
 
 import argparse
@@ -128,6 +133,45 @@ def gpt2_step(steps):
     print(f"defer_and_fuse vs strict: {strict / fused:.2f}x")
 
 
+def generation():
+    print("generate: greedy, 16-token prompt, 48 new tokens (median of 3; programs built after a warm-up)")
+    print(f"{'model':<10}{'mode':<16}{'cache':<9}{'cpu ms/tok':>11}{'tpu ms/tok':>11}{'tpu/cpu':>9}{'programs/tok':>14}")
+    prompt = (torch.arange(16) * 7 + 3).remainder(1024).unsqueeze(0)
+    for layers, width in ((2, 128), (4, 256)):
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=1024, n_positions=128)
+        cpu_model = transformers.GPT2LMHeadModel(config).eval()
+        for cache in ("dynamic", "static"):
+            kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
+            if cache == "static":
+                kwargs["cache_implementation"] = "static"
+
+            def per_token(model, p, sync):
+                model.generate(p, **kwargs)
+                times = []
+                for _ in range(3):
+                    start = time.perf_counter()
+                    model.generate(p, **kwargs)
+                    sync()
+                    times.append(time.perf_counter() - start)
+                return sorted(times)[1] * 1e3 / 48
+
+            with torch.no_grad():
+                cpu = per_token(cpu_model, prompt, lambda: None)
+                for mode in ("strict", "defer_and_fuse"):
+                    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+                    torch._dynamo.reset()
+                    with torch.tpu.set_eager_mode(mode):
+                        tpu_model.generate(prompt.to("tpu"), **dict(kwargs, max_new_tokens=4, min_new_tokens=4))
+                        built = torch.tpu.metrics()
+                        before = built["compiles"] + built["disk_cache_hits"]
+                        tpu_model.generate(prompt.to("tpu"), **kwargs)
+                        built = torch.tpu.metrics()
+                        programs = (built["compiles"] + built["disk_cache_hits"] - before) / 48
+                        tpu = per_token(tpu_model, prompt.to("tpu"), torch.tpu.synchronize)
+                    print(f"{f'{layers}x{width}':<10}{mode:<16}{cache:<9}{cpu:>11.2f}{tpu:>11.2f}{tpu / cpu:>8.2f}x{programs:>14.2f}")
+
+
 def launch(world, steps):
     """Runs ``dist_bench.py`` on ``world`` local ranks; rank 0's lines."""
     with socket.socket() as s:
@@ -170,12 +214,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps per sample")
     parser.add_argument("--repeats", type=int, default=200, help="op calls per sample")
-    parser.add_argument("--skip-gpt2", action="store_true", help="only the distributed benchmarks")
+    parser.add_argument("--skip-gpt2", action="store_true", help="skip the per-op and training benchmarks")
+    parser.add_argument("--skip-generate", action="store_true", help="skip the generation benchmark")
     args = parser.parse_args()
     print(torch.tpu.get_device_properties(0).description)
     if not args.skip_gpt2:
         per_op(args.repeats)
         gpt2_step(args.steps)
+    if not args.skip_generate:
+        generation()
     distributed(args.steps)
 
 

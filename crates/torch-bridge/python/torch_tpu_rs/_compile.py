@@ -3,6 +3,9 @@ and backward aten graphs, and each graph runs under DeferAndFuse, so it is
 recorded and compiled as one fused program (cached by its structure)::
 
     model = torch.compile(model, backend="tpu_rs")
+
+It is also registered as ``"tpu"``, the name Hugging Face's ``generate``
+compiles a tpu model's decode step with when it uses a static KV cache.
 """
 
 import torch
