@@ -4,14 +4,14 @@
 //! the same run. `cargo bench -p tpu-rs --bench generate`. PyTorch comes
 //! from `TPU_RS_TORCH_PYTHON`, else the workspace's `.venv`.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use tpu_rs::Result;
 use tpu_rs::models::{Gpt, GptConfig, Sampling};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::prelude::*;
+
+mod common;
 
 const PROMPT: usize = 16;
 const NEW: usize = 48;
@@ -66,35 +66,16 @@ fn measure(config: GptConfig, mode: EagerMode) -> Result<(f64, f64)> {
 
 /// PyTorch CPU eager's ms/token, or why there is none.
 fn torch_cpu_eager(c: GptConfig) -> std::result::Result<f64, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var("TPU_RS_TORCH_PYTHON")
-        .unwrap_or_else(|_| root.join("../../.venv/bin/python").display().to_string());
-    let out = Command::new(&python)
-        .arg(root.join("benches/torch_generate.py"))
-        .args(
-            [
-                c.vocab_size,
-                c.block_size,
-                c.n_layer,
-                c.n_head,
-                c.n_embd,
-                PROMPT,
-                NEW,
-            ]
-            .map(|v| v.to_string()),
-        )
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("ms/token "))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "{python} gave no figure: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )
-        })
+    let args = [
+        c.vocab_size,
+        c.block_size,
+        c.n_layer,
+        c.n_head,
+        c.n_embd,
+        PROMPT,
+        NEW,
+    ];
+    common::torch_figure("torch_generate.py", &args, "ms/token ")
 }
 
 fn main() -> Result<()> {

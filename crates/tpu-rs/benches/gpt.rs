@@ -4,8 +4,6 @@
 //! `TPU_RS_TORCH_PYTHON`, else the workspace's `.venv`; without it the
 //! PyTorch column says so.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Instant;
 
 use tpu_rs::Result;
@@ -13,6 +11,8 @@ use tpu_rs::models::{Gpt, GptConfig};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::optim::{AdamW, Optimizer};
 use tpu_rs::prelude::*;
+
+mod common;
 
 const CONFIG: GptConfig = GptConfig {
     vocab_size: 1024,
@@ -101,36 +101,17 @@ fn measure(mode: EagerMode) -> Result<Run> {
 
 /// PyTorch CPU eager's tokens/s on the same model, or why there is none.
 fn torch_cpu_eager() -> std::result::Result<f64, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var("TPU_RS_TORCH_PYTHON")
-        .unwrap_or_else(|_| root.join("../../.venv/bin/python").display().to_string());
     let c = CONFIG;
-    let out = Command::new(&python)
-        .arg(root.join("benches/torch_gpt_step.py"))
-        .args(
-            [
-                c.vocab_size,
-                c.block_size,
-                c.n_layer,
-                c.n_head,
-                c.n_embd,
-                BATCH,
-                STEPS,
-            ]
-            .map(|v| v.to_string()),
-        )
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("tokens/s "))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "{python} gave no figure: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )
-        })
+    let args = [
+        c.vocab_size,
+        c.block_size,
+        c.n_layer,
+        c.n_head,
+        c.n_embd,
+        BATCH,
+        STEPS,
+    ];
+    common::torch_figure("torch_gpt_step.py", &args, "tokens/s ")
 }
 
 fn main() -> Result<()> {
