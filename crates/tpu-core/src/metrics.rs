@@ -21,11 +21,15 @@ pub enum CutReason {
     PendingCap,
     /// The op sequence repeated the previous graph's (a training step).
     RepeatedSequence,
+    /// The graph repeats the previous one's ops but some change shapes or
+    /// attributes (a sequence growing by a token): the changing ops run as
+    /// programs of their own, so the rest keeps its compiled program.
+    VaryingShapes,
 }
 
 impl CutReason {
     /// Every reason, in display order.
-    pub const ALL: [CutReason; 7] = [
+    pub const ALL: [CutReason; 8] = [
         CutReason::HostRead,
         CutReason::Sync,
         CutReason::Backward,
@@ -33,6 +37,7 @@ impl CutReason {
         CutReason::NotFusible,
         CutReason::PendingCap,
         CutReason::RepeatedSequence,
+        CutReason::VaryingShapes,
     ];
 
     /// A short name (`host_read`, ...).
@@ -45,6 +50,7 @@ impl CutReason {
             CutReason::NotFusible => "not_fusible",
             CutReason::PendingCap => "pending_cap",
             CutReason::RepeatedSequence => "repeated_sequence",
+            CutReason::VaryingShapes => "varying_shapes",
         }
     }
 }
@@ -56,7 +62,7 @@ static COMPILE_NANOS: AtomicU64 = AtomicU64::new(0);
 static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
 static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
 static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
-static CUTS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static CUTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 
 /// A snapshot of the counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -56,6 +56,9 @@ pub(crate) struct Graph {
     pub tokens: HashMap<u64, (usize, usize)>,
     /// Per node: its kind (see [`Node::kind`]).
     pub kinds: Vec<u64>,
+    /// Per node: its op and where its inputs come from, but not their
+    /// shapes or the attributes (what stays put as a sequence grows).
+    pub outlines: Vec<u64>,
     /// Per node: the structural fingerprint of the graph up to and including it.
     pub fingerprints: Vec<u64>,
     pub pending_bytes: usize,
@@ -90,6 +93,9 @@ impl Graph {
     pub fn push(&mut self, node: Node) {
         let input_types: Vec<TensorType> = node.inputs.iter().map(|&s| self.src_type(s)).collect();
         let kind = node.kind(&input_types);
+        let mut outline = std::collections::hash_map::DefaultHasher::new();
+        node.id.hash(&mut outline);
+        node.inputs.hash(&mut outline);
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.fingerprints.last().copied().unwrap_or(0).hash(&mut h);
         kind.hash(&mut h);
@@ -100,6 +106,7 @@ impl Graph {
             self.pending_bytes += out.ty.shape.numel() * out.ty.dtype.size_in_bytes();
         }
         self.kinds.push(kind);
+        self.outlines.push(outline.finish());
         self.fingerprints.push(h.finish());
         self.nodes.push(node);
     }

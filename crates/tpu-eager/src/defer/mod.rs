@@ -5,7 +5,11 @@
 //! `sync()`, the end of a backward pass, a collective (which joins the
 //! graphs of its members when they match), a non-fusible or host-sync op, a cap
 //! on pending ops or bytes, and a repeated-sequence heuristic that cuts a
-//! training loop into one identical graph per step. Graphs are canonical by
+//! training loop into one identical graph per step. A graph that repeats the
+//! previous one's ops but for a few whose shapes or attributes changed (a
+//! decode loop appending a token) runs in phases: the changed ops in
+//! programs of their own, the unchanged ones in programs that recur, so a
+//! growing sequence recompiles only the ops that grow. Graphs are canonical by
 //! construction (parameters and values numbered in recording order, scalars
 //! passed as tensors), so changing values never recompiles. Dead
 //! intermediates are never materialised, and inputs that no tensor holds any
@@ -79,6 +83,9 @@ struct DeviceState {
     /// once the caller has let go of the step's inputs (so they can be
     /// donated).
     repeat_cut: bool,
+    /// Outlines and kinds of the previously cut graph's nodes, to tell
+    /// which ops of the next one changed shape.
+    last_cut: Option<(Vec<u64>, Vec<u64>)>,
 }
 
 /// What identifies a cut's program without lowering it.
@@ -231,7 +238,7 @@ impl DeferAndFuse {
         {
             let graph = std::mem::take(&mut state.graph);
             state.previous = Some((period, graph.fingerprints[period - 1]));
-            let cuts = self.replay(state, device, graph)?;
+            let cuts = self.replay(state, device, graph, None)?;
             if cuts > 0 {
                 return Ok(());
             }
@@ -239,9 +246,17 @@ impl DeferAndFuse {
         self.cut(state, device, reason)
     }
 
-    /// Records `old`'s nodes again into `state`, cutting whenever the pending
-    /// graph repeats the previous one; returns how many cuts that made.
-    fn replay(&self, state: &mut DeviceState, device: usize, old: Graph) -> Result<usize> {
+    /// Records `old`'s nodes again into `state` and returns how many cuts
+    /// that made. With `phases` (one per node, never below its inputs'),
+    /// the nodes go phase by phase with a cut between phases; without,
+    /// in order, cutting whenever the pending graph repeats the previous one.
+    fn replay(
+        &self,
+        state: &mut DeviceState,
+        device: usize,
+        old: Graph,
+        phases: Option<&[usize]>,
+    ) -> Result<usize> {
         let me: Arc<dyn ExecutionPolicy> = self
             .me
             .upgrade()
@@ -259,9 +274,25 @@ impl DeferAndFuse {
                 }
             }
         }
+        let mut order: Vec<usize> = (0..nodes.len()).collect();
+        if let Some(phases) = phases {
+            order.sort_by_key(|&n| phases[n]);
+        }
+        let mut nodes: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
         let mut bridges: HashMap<(usize, usize), Tensor> = HashMap::new();
         let mut cuts = 0;
-        for (n, mut node) in nodes.into_iter().enumerate() {
+        for (k, &n) in order.iter().enumerate() {
+            let Some(mut node) = nodes[n].take() else {
+                continue;
+            };
+            // Before resolving inputs: a cut turns earlier outputs into buffers.
+            if let Some(phases) = phases
+                && k > 0
+                && phases[n] != phases[order[k - 1]]
+            {
+                self.cut_graph(state, device, CutReason::VaryingShapes, false)?;
+                cuts += 1;
+            }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for &src in &node.inputs {
                 let resolved = match src {
@@ -309,7 +340,8 @@ impl DeferAndFuse {
             }
             state.graph.push(node);
             let len = state.graph.nodes.len();
-            if state.previous == Some((len, state.graph.fingerprints[len - 1])) {
+            if phases.is_none() && state.previous == Some((len, state.graph.fingerprints[len - 1]))
+            {
                 self.cut(state, device, CutReason::RepeatedSequence)?;
                 cuts += 1;
             }
@@ -319,6 +351,19 @@ impl DeferAndFuse {
 
     /// Compiles and runs the live part of `state`'s graph.
     fn cut(&self, state: &mut DeviceState, device: usize, reason: CutReason) -> Result<()> {
+        self.cut_graph(state, device, reason, true)
+    }
+
+    /// [`DeferAndFuse::cut`]; with `split`, a graph that repeats the
+    /// previous one except for some ops' shapes runs in segments, so that
+    /// only the changing ops compile again.
+    fn cut_graph(
+        &self,
+        state: &mut DeviceState,
+        device: usize,
+        reason: CutReason,
+        split: bool,
+    ) -> Result<()> {
         let graph = std::mem::take(&mut state.graph);
         if graph.is_empty() {
             return Ok(());
@@ -326,12 +371,23 @@ impl DeferAndFuse {
         state.repeat_cut = false;
         let (results, needed) = graph.live(None);
         let n = graph.nodes.len();
-        state.previous = Some((n, graph.fingerprints[n - 1]));
+        let previous = Some((n, graph.fingerprints[n - 1]));
+        state.previous = previous;
         if results.is_empty() {
             return Ok(());
         }
-        record_graph_cut(reason);
         let plan = plan(&graph, results, &needed);
+        if split
+            && let Some(changed) = changed_ops(state, &graph)
+            && self.cached(&graph, &plan, device).is_none()
+        {
+            let phases = phases(&graph, &changed);
+            self.replay(state, device, graph, Some(&phases))?;
+            self.cut_graph(state, device, reason, false)?;
+            state.previous = previous;
+            return Ok(());
+        }
+        record_graph_cut(reason);
         let executable = self.executable(&graph, &plan, &needed, device)?;
         let Graph {
             nodes, externals, ..
@@ -347,8 +403,27 @@ impl DeferAndFuse {
         Ok(())
     }
 
-    /// The executable of a cut: a graph seen before (same structure, same
-    /// results, same donations) reuses its executable without lowering.
+    /// The key of a cut's program: a graph seen before (same structure,
+    /// same results, same donations) reuses its executable.
+    fn plan_key(graph: &Graph, plan: &Plan, device: usize) -> PlanKey {
+        let n = graph.nodes.len();
+        PlanKey {
+            device,
+            len: n,
+            fingerprint: graph.fingerprints[n - 1],
+            plan: plan.clone(),
+        }
+    }
+
+    fn cached(&self, graph: &Graph, plan: &Plan, device: usize) -> Option<Arc<Executable>> {
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&Self::plan_key(graph, plan, device))
+            .cloned()
+    }
+
+    /// The executable of a cut, compiled unless [`DeferAndFuse::cached`].
     fn executable(
         &self,
         graph: &Graph,
@@ -356,22 +431,11 @@ impl DeferAndFuse {
         needed: &[bool],
         device: usize,
     ) -> Result<Arc<Executable>> {
-        let n = graph.nodes.len();
-        let key = PlanKey {
-            device,
-            len: n,
-            fingerprint: graph.fingerprints[n - 1],
-            plan: plan.clone(),
-        };
-        if let Some(exe) = self
-            .plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
+        if let Some(exe) = self.cached(graph, plan, device) {
             record_cache_hit();
-            return Ok(exe.clone());
+            return Ok(exe);
         }
+        let key = Self::plan_key(graph, plan, device);
         let program = lower(graph, plan, needed, None)?;
         let exe = Runtime::global()?
             .compile(&program, &CompileOptions::on_device(device))
@@ -447,6 +511,58 @@ impl Parameters {
 
 /// The shortest period `p >= min` of `kinds` with at least two full
 /// repetitions: `kinds[i] == kinds[i + p]` for every `i`.
+/// Splitting pays while the changed ops are at most this fraction (1/N)
+/// of the graph: a decode step whose growing sequence touches a few ops.
+/// Where more change (a dynamic KV cache changes every attention op), the
+/// pieces between them would be compiled again anyway.
+const SPLIT_AT_MOST: usize = 8;
+
+/// When `graph` has the previous cut's ops in the same order and wiring but
+/// some of them changed shape or attributes (a decode loop's growing
+/// sequence), which ones did; `None` when there is nothing to split off.
+/// Remembers `graph` for the next cut.
+fn changed_ops(state: &mut DeviceState, graph: &Graph) -> Option<Vec<bool>> {
+    let current = (graph.outlines.clone(), graph.kinds.clone());
+    match state.last_cut.replace(current) {
+        Some((outlines, kinds)) if outlines == graph.outlines => {
+            let changed: Vec<bool> = kinds
+                .iter()
+                .zip(&graph.kinds)
+                .map(|(a, b)| a != b)
+                .collect();
+            let count = changed.iter().filter(|&&c| c).count();
+            (count > 0 && count * SPLIT_AT_MOST <= changed.len()).then_some(changed)
+        }
+        _ => None,
+    }
+}
+
+/// Each node's phase: the first at or after its inputs' phases whose
+/// parity matches the node (even for unchanged ops, odd for changed ones).
+/// Running the phases in order keeps the unchanged ops together in as few
+/// programs as the dependencies allow, and those programs recur.
+fn phases(graph: &Graph, changed: &[bool]) -> Vec<usize> {
+    let mut phase = vec![0; graph.nodes.len()];
+    for (n, node) in graph.nodes.iter().enumerate() {
+        let floor = node
+            .inputs
+            .iter()
+            .filter_map(|src| match *src {
+                Src::Node(m, _) => Some(phase[m]),
+                Src::External(_) => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let parity = usize::from(changed[n]);
+        phase[n] = if floor % 2 == parity {
+            floor
+        } else {
+            floor + 1
+        };
+    }
+    phase
+}
+
 fn period(kinds: &[u64], min: usize) -> Option<usize> {
     let n = kinds.len();
     (min.max(1)..=n / 2).find(|&p| (0..n - p).all(|i| kinds[i] == kinds[i + p]))
