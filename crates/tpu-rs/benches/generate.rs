@@ -66,15 +66,7 @@ fn measure(config: GptConfig, mode: EagerMode) -> Result<(f64, f64)> {
 
 /// PyTorch CPU eager's ms/token, or why there is none.
 fn torch_cpu_eager(c: GptConfig) -> std::result::Result<f64, String> {
-    let args = [
-        c.vocab_size,
-        c.block_size,
-        c.n_layer,
-        c.n_head,
-        c.n_embd,
-        PROMPT,
-        NEW,
-    ];
+    let args = [common::model_args(c).as_slice(), &[PROMPT, NEW]].concat();
     common::torch_figure("torch_generate.py", &args, "ms/token ")
 }
 

@@ -101,16 +101,7 @@ fn measure(mode: EagerMode) -> Result<Run> {
 
 /// PyTorch CPU eager's tokens/s on the same model, or why there is none.
 fn torch_cpu_eager() -> std::result::Result<f64, String> {
-    let c = CONFIG;
-    let args = [
-        c.vocab_size,
-        c.block_size,
-        c.n_layer,
-        c.n_head,
-        c.n_embd,
-        BATCH,
-        STEPS,
-    ];
+    let args = [common::model_args(CONFIG).as_slice(), &[BATCH, STEPS]].concat();
     common::torch_figure("torch_gpt_step.py", &args, "tokens/s ")
 }
 

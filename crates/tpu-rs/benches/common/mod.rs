@@ -4,6 +4,14 @@
 use std::path::Path;
 use std::process::Command;
 
+use tpu_rs::models::GptConfig;
+
+/// A model's dimensions as the PyTorch scripts take them: vocabulary,
+/// block size, layers, heads, channels.
+pub fn model_args(c: GptConfig) -> [usize; 5] {
+    [c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd]
+}
+
 /// Runs `benches/<script>` with `args` under `TPU_RS_TORCH_PYTHON` (else the
 /// workspace's `.venv`) and reads the number on its line starting with
 /// `prefix`, or says why there is none.
