@@ -470,3 +470,65 @@ fn a_growing_sequence_recompiles_only_the_ops_that_grow() {
     );
     assert!(hits >= 6, "{hits} cached programs reused in 6 steps");
 }
+
+#[test]
+fn dumped_graphs_are_the_compiled_program_and_a_picture_of_it() {
+    let _serial = serial();
+    let dir = std::env::temp_dir().join(format!("tpu-rs-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = DeferConfig {
+        dump_dir: Some(dir.clone()),
+        ..DeferConfig::default()
+    };
+    with_policy(DeferAndFuse::new(config), || {
+        let x = ramp(&[3, 5], 0.1, Device::Tpu(0));
+        // A fresh scale shape, so the graph compiles here rather than
+        // coming from an earlier test's cache.
+        let y = chain(&x, &ramp(&[1, 5], 0.7, Device::Tpu(0)), 7);
+        values(&y);
+    });
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("the dump folder exists")
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mlir = files
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "mlir"))
+        .expect("a .mlir file");
+    let dot = mlir.with_extension("dot");
+    let program = std::fs::read_to_string(mlir).unwrap();
+    assert!(program.contains("func.func public @main") && program.contains("stablehlo.tanh"));
+    let picture = std::fs::read_to_string(&dot).expect("a .dot beside it");
+    assert!(picture.starts_with("digraph fused {") && picture.trim_end().ends_with('}'));
+    assert!(picture.contains("cut by host_read"), "{picture}");
+    // 7 ops, each labelled with the line of this file that recorded it.
+    assert_eq!(picture.matches("inspection.rs:").count(), 7, "{picture}");
+    assert!(picture.contains("parameter 0\\nf32[3, 5]"), "{picture}");
+    assert!(picture.contains("parameter 1\\nf32[1, 5]"), "{picture}");
+    assert!(picture.contains("result 0\\nf32[3, 5]"), "{picture}");
+    // Every edge joins declared nodes.
+    let declared: Vec<&str> = picture
+        .lines()
+        .filter(|l| l.contains(" [shape="))
+        .map(|l| l.trim().split(' ').next().unwrap())
+        .collect();
+    for edge in picture.lines().filter(|l| l.contains(" -> ")) {
+        let mut ends = edge.trim().split(" -> ");
+        let from = ends.next().unwrap();
+        let to = ends.next().unwrap().split(' ').next().unwrap();
+        assert!(declared.contains(&from) && declared.contains(&to), "{edge}");
+    }
+    if let Ok(out) = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .arg(&dot)
+        .output()
+    {
+        assert!(
+            out.status.success(),
+            "dot rejects the picture: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

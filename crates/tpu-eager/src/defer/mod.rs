@@ -15,6 +15,7 @@
 //! intermediates are never materialised, and inputs that no tensor holds any
 //! more are donated to the program.
 
+mod dump;
 mod fused_collective;
 mod graph;
 
@@ -33,7 +34,7 @@ use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
 use crate::Strict;
 
 /// Limits on a pending graph.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeferConfig {
     /// Cut when this many ops are pending (`TPU_RS_DEFER_MAX_OPS`).
     pub max_ops: usize,
@@ -41,6 +42,8 @@ pub struct DeferConfig {
     pub max_bytes: usize,
     /// Shortest op sequence the repeat detector looks for.
     pub min_period: usize,
+    /// Where each compiled graph is written (`TPU_RS_DUMP_GRAPHS`).
+    pub dump_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for DeferConfig {
@@ -49,6 +52,7 @@ impl Default for DeferConfig {
             max_ops: 4096,
             max_bytes: 1 << 32,
             min_period: 4,
+            dump_dir: None,
         }
     }
 }
@@ -68,6 +72,9 @@ impl DeferConfig {
         Ok(DeferConfig {
             max_ops: settings::count(get, "TPU_RS_DEFER_MAX_OPS")?.unwrap_or(d.max_ops),
             max_bytes: max_bytes.unwrap_or(d.max_bytes),
+            dump_dir: get("TPU_RS_DUMP_GRAPHS")?
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from),
             ..d
         })
     }
@@ -388,7 +395,7 @@ impl DeferAndFuse {
             return Ok(());
         }
         record_graph_cut(reason);
-        let executable = self.executable(&graph, &plan, &needed, device)?;
+        let executable = self.executable(&graph, &plan, &needed, device, reason)?;
         let Graph {
             nodes, externals, ..
         } = graph;
@@ -430,6 +437,7 @@ impl DeferAndFuse {
         plan: &Plan,
         needed: &[bool],
         device: usize,
+        reason: CutReason,
     ) -> Result<Arc<Executable>> {
         if let Some(exe) = self.cached(graph, plan, device) {
             record_cache_hit();
@@ -437,6 +445,11 @@ impl DeferAndFuse {
         }
         let key = Self::plan_key(graph, plan, device);
         let program = lower(graph, plan, needed, None)?;
+        if let Some(dir) = &self.config.dump_dir
+            && let Err(e) = dump::write(dir, graph, plan, needed, reason, &program)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "TPU_RS_DUMP_GRAPHS: cannot write the graph");
+        }
         let exe = Runtime::global()?
             .compile(&program, &CompileOptions::on_device(device))
             .map_err(|e| blame(graph, needed, device, e))?;
