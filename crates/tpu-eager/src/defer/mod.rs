@@ -281,24 +281,21 @@ impl DeferAndFuse {
                 }
             }
         }
-        let mut order: Vec<usize> = (0..nodes.len()).collect();
+        let mut ordered: Vec<(usize, Node)> = nodes.into_iter().enumerate().collect();
         if let Some(phases) = phases {
-            order.sort_by_key(|&n| phases[n]);
+            ordered.sort_by_key(|&(n, _)| phases[n]);
         }
-        let mut nodes: Vec<Option<Node>> = nodes.into_iter().map(Some).collect();
         let mut bridges: HashMap<(usize, usize), Tensor> = HashMap::new();
         let mut cuts = 0;
-        for (k, &n) in order.iter().enumerate() {
-            let Some(mut node) = nodes[n].take() else {
-                continue;
-            };
+        let mut phase = None;
+        for (n, mut node) in ordered {
             // Before resolving inputs: a cut turns earlier outputs into buffers.
-            if let Some(phases) = phases
-                && k > 0
-                && phases[n] != phases[order[k - 1]]
-            {
-                self.cut_graph(state, device, CutReason::VaryingShapes, false)?;
-                cuts += 1;
+            if let Some(phases) = phases {
+                if phase.is_some_and(|p| p != phases[n]) {
+                    self.cut_graph(state, device, CutReason::VaryingShapes, false)?;
+                    cuts += 1;
+                }
+                phase = Some(phases[n]);
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for &src in &node.inputs {
@@ -371,7 +368,7 @@ impl DeferAndFuse {
         reason: CutReason,
         split: bool,
     ) -> Result<()> {
-        let graph = std::mem::take(&mut state.graph);
+        let mut graph = std::mem::take(&mut state.graph);
         if graph.is_empty() {
             return Ok(());
         }
@@ -385,7 +382,7 @@ impl DeferAndFuse {
         }
         let plan = plan(&graph, results, &needed);
         if split
-            && let Some(changed) = changed_ops(state, &graph)
+            && let Some(changed) = changed_ops(state, &mut graph)
             && self.cached(&graph, &plan, device).is_none()
         {
             let phases = phases(&graph, &changed);
@@ -522,8 +519,6 @@ impl Parameters {
     }
 }
 
-/// The shortest period `p >= min` of `kinds` with at least two full
-/// repetitions: `kinds[i] == kinds[i + p]` for every `i`.
 /// Splitting pays while the changed ops are at most this fraction (1/N)
 /// of the graph: a decode step whose growing sequence touches a few ops.
 /// Where more change (a dynamic KV cache changes every attention op), the
@@ -533,21 +528,21 @@ const SPLIT_AT_MOST: usize = 8;
 /// When `graph` has the previous cut's ops in the same order and wiring but
 /// some of them changed shape or attributes (a decode loop's growing
 /// sequence), which ones did; `None` when there is nothing to split off.
-/// Remembers `graph` for the next cut.
-fn changed_ops(state: &mut DeviceState, graph: &Graph) -> Option<Vec<bool>> {
-    let current = (graph.outlines.clone(), graph.kinds.clone());
-    match state.last_cut.replace(current) {
-        Some((outlines, kinds)) if outlines == graph.outlines => {
-            let changed: Vec<bool> = kinds
-                .iter()
-                .zip(&graph.kinds)
-                .map(|(a, b)| a != b)
-                .collect();
-            let count = changed.iter().filter(|&&c| c).count();
-            (count > 0 && count * SPLIT_AT_MOST <= changed.len()).then_some(changed)
-        }
-        _ => None,
+/// Moves `graph`'s outlines and kinds into `state` for the next cut (no
+/// later step of a cut reads them).
+fn changed_ops(state: &mut DeviceState, graph: &mut Graph) -> Option<Vec<bool>> {
+    let current = (
+        std::mem::take(&mut graph.outlines),
+        std::mem::take(&mut graph.kinds),
+    );
+    let (old_outlines, old_kinds) = state.last_cut.replace(current)?;
+    let (outlines, kinds) = state.last_cut.as_ref()?;
+    if old_outlines != *outlines {
+        return None;
     }
+    let changed: Vec<bool> = old_kinds.iter().zip(kinds).map(|(a, b)| a != b).collect();
+    let count = changed.iter().filter(|&&c| c).count();
+    (count > 0 && count * SPLIT_AT_MOST <= changed.len()).then_some(changed)
 }
 
 /// Each node's phase: the first at or after its inputs' phases whose
@@ -576,6 +571,8 @@ fn phases(graph: &Graph, changed: &[bool]) -> Vec<usize> {
     phase
 }
 
+/// The shortest period `p >= min` of `kinds` with at least two full
+/// repetitions: `kinds[i] == kinds[i + p]` for every `i`.
 fn period(kinds: &[u64], min: usize) -> Option<usize> {
     let n = kinds.len();
     (min.max(1)..=n / 2).find(|&p| (0..n - p).all(|i| kinds[i] == kinds[i + p]))
