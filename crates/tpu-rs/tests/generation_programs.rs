@@ -7,14 +7,6 @@ use tpu_rs::models::{Gpt, GptConfig, Sampling};
 use tpu_rs::nn::ParamStore;
 use tpu_rs::prelude::*;
 
-const CONFIG: GptConfig = GptConfig {
-    vocab_size: 64,
-    block_size: 16,
-    n_layer: 2,
-    n_head: 4,
-    n_embd: 32,
-};
-
 /// Programs built (compiled, or loaded from the disk cache) so far.
 fn programs_built() -> u64 {
     let m = tpu_rs::metrics();
@@ -24,7 +16,7 @@ fn programs_built() -> u64 {
 #[test]
 fn generation_reuses_its_programs_every_step() -> Result<()> {
     let store = ParamStore::new(Device::Tpu(0), DType::F32, 5);
-    let model = Gpt::new(&store, CONFIG)?;
+    let model = Gpt::new(&store, GptConfig::tiny())?;
     let prompt = Tensor::from_vec((0..8).collect::<Vec<i64>>(), [2, 4], Device::Tpu(0))?;
     for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
         with_eager_mode(mode, || -> Result<()> {

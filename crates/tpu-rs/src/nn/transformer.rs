@@ -36,10 +36,10 @@ impl CausalSelfAttention {
             channels,
         })
     }
-}
 
-impl Module for CausalSelfAttention {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// Queries, keys and values `[batch, heads, time, head_dim]` of `x`
+    /// (`[batch, time, channels]`).
+    fn heads_of(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         let [b, t, c] = x.dims() else {
             return Err(Error::Shape {
                 layer: "CausalSelfAttention".into(),
@@ -60,14 +60,27 @@ impl Module for CausalSelfAttention {
                 .reshape(&[b, t, h, c / h])?
                 .permute(&[0, 2, 1, 3])
         };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+        Ok([split(0)?, split(1)?, split(2)?])
+    }
+
+    /// The heads' outputs `[batch, heads, time, head_dim]` merged and
+    /// projected back to `x`'s `[batch, time, channels]`.
+    fn merge(&self, y: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let dims: Vec<i64> = x.dims().iter().map(|&d| d as i64).collect();
+        self.c_proj
+            .forward(&y.permute(&[0, 2, 1, 3])?.reshape(&dims)?)
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let [q, k, v] = self.heads_of(x)?;
         let y = Tensor::apply1(
             "scaled_dot_product_attention",
             &[&q, &k, &v],
             Attrs::new().with("causal", true),
         )?;
-        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
-        self.c_proj.forward(&y)
+        self.merge(&y, x)
     }
 }
 
@@ -102,31 +115,18 @@ impl CausalSelfAttention {
         positions: &Tensor,
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
-        let [b, t, c] = x.dims() else {
-            return Err(Error::Shape {
-                layer: "CausalSelfAttention".into(),
-                reason: format!("expects [batch, time, channels], got {}", x.shape()),
-            });
-        };
-        let (b, t, c) = (*b as i64, *t as i64, *c as i64);
-        let h = self.heads as i64;
-        let d = c / h;
+        let [q, k, v] = self.heads_of(x)?;
+        let (b, t) = (x.dims()[0], x.dims()[1]);
+        let (h, d) = (self.heads, self.channels / self.heads);
         let capacity = cache.keys.dims()[2];
-        let qkv = self.c_attn.forward(x)?;
-        let split = |i: i64| -> Result<Tensor> {
-            qkv.slice(-1, i * c, (i + 1) * c, 1)?
-                .reshape(&[b, t, h, d])?
-                .permute(&[0, 2, 1, 3])
-        };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
         let at = positions
-            .reshape(&[1, 1, t, 1])?
-            .broadcast_to(&[b as usize, h as usize, t as usize, d as usize])?;
+            .reshape(&[1, 1, t as i64, 1])?
+            .broadcast_to(&[b, h, t, d])?;
         cache.keys = cache.keys.scatter(2, &at, &k)?;
         cache.values = cache.values.scatter(2, &at, &v)?;
         // Token i sees the cached positions up to its own.
         let keys = Tensor::iota([1, capacity], 1, DType::I64, x.device())?;
-        let visible = keys.le(&positions.reshape(&[t, 1])?)?;
+        let visible = keys.le(&positions.reshape(&[t as i64, 1])?)?;
         let scores = q
             .matmul(&cache.keys.transpose(-2, -1)?)?
             .scale(1.0 / (d as f64).sqrt())?;
@@ -135,8 +135,7 @@ impl CausalSelfAttention {
             .where_else(&visible, &hidden)?
             .softmax(-1)?
             .matmul(&cache.values)?;
-        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?;
-        self.c_proj.forward(&y)
+        self.merge(&y, x)
     }
 }
 
