@@ -6,6 +6,7 @@ leaves a maximum unchanged) and reduce."""
 
 import torch
 
+from .indexing import row_major_strides
 from .nn import _accumulator
 from .registry import kernel
 
@@ -92,9 +93,7 @@ def _adaptive_max(self, output_size):
     y = y.permute(order).flatten(len(lead) + d)
     values, arg = torch.max(y, -1)
     # The flat input position of every window entry, for the indices.
-    strides = [1] * d
-    for j in range(d - 2, -1, -1):
-        strides[j] = strides[j + 1] * spatial[j + 1]
+    strides = row_major_strides(spatial)
     pos = torch.zeros([m for m in output_size] + [idx.shape[1] for idx in index], dtype=torch.int64)
     for j, idx in enumerate(index):
         shape = [1] * (2 * d)

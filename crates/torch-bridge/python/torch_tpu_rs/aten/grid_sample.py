@@ -3,8 +3,11 @@ reads the input at the corners around its source position, weighted, with
 PyTorch's padding rules; the backward scatters the gradient back to those
 corners and differentiates the weights for the grid."""
 
+import itertools
+
 import torch
 
+from .indexing import row_major_strides
 from .registry import kernel
 
 _MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
@@ -60,12 +63,9 @@ class _Corners:
 
     def __init__(self, sizes, grid, mode, padding, align_corners):
         dims = len(sizes)
-        self.sizes, self.dims = sizes, dims
         sources = [_source_index(grid[..., dims - 1 - d], sizes[d], padding, align_corners) for d in range(dims)]
         self.slopes = [slope for _, slope in sources]
-        strides = [1] * dims
-        for d in range(dims - 2, -1, -1):
-            strides[d] = strides[d + 1] * sizes[d + 1]
+        strides = row_major_strides(sizes)
         # Per dim: (position, weight, d weight / d position) for each neighbour.
         per_dim = []
         for x, _ in sources:
@@ -76,8 +76,7 @@ class _Corners:
                 frac = x - low
                 per_dim.append([(low, 1 - frac, -torch.ones_like(x)), (low + 1, frac, torch.ones_like(x))])
         self.items = []
-        for choice in torch.cartesian_prod(*[torch.arange(len(p)) for p in per_dim]).reshape(-1, dims).tolist():
-            picked = [per_dim[d][k] for d, k in enumerate(choice)]
+        for picked in itertools.product(*per_dim):
             inside = None
             index = 0
             for d, (at, _, _) in enumerate(picked):

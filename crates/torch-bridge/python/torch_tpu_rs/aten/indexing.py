@@ -284,6 +284,14 @@ def arange_out(start, end, step=1, *, out):
     return out
 
 
+def row_major_strides(sizes):
+    """Each dim's step in the flat, row-major index of a ``sizes`` block."""
+    strides = [1] * len(sizes)
+    for d in range(len(sizes) - 2, -1, -1):
+        strides[d] = strides[d + 1] * sizes[d + 1]
+    return strides
+
+
 # ---- Host-read ops: the output shape depends on the values. ----
 
 

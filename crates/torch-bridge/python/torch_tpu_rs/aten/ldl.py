@@ -23,14 +23,17 @@ def _lower(t):
     return low + torch.tril(t, -1).mT
 
 
-def _swap(t, i, j):
-    """``t`` with rows and columns ``i`` and ``j`` exchanged."""
+def _swap(t, i, j, dims=(0,)):
+    """``t`` with entries ``i`` and ``j`` exchanged along each of ``dims``
+    (rows; rows and columns with ``dims=(0, 1)``)."""
     if i == j:
         return t
-    order = list(range(t.shape[0]))
+    order = list(range(t.shape[dims[0]]))
     order[i], order[j] = j, i
     index = torch.tensor(order, device=t.device)
-    return t.index_select(0, index).index_select(1, index)
+    for d in dims:
+        t = t.index_select(d, index)
+    return t
 
 
 def _first_max(values):
@@ -66,7 +69,7 @@ def _factor(a):
                 pivot = imax
             else:
                 pivot, step = imax, 2
-        t = _swap(t, step - 1, pivot)
+        t = _swap(t, step - 1, pivot, dims=(0, 1))
         if step == 1:
             pivots[k] = k + pivot + 1
             if singular:
@@ -114,23 +117,15 @@ def _solve(ld, pivots, b):
     lower): ``L D`` forwards, then ``Lᵀ`` backwards, applying the
     interchanges as they were made."""
     n = ld.shape[0]
-
-    def swap_rows(x, i, j):
-        if i == j:
-            return x
-        order = list(range(n))
-        order[i], order[j] = j, i
-        return x.index_select(0, torch.tensor(order, device=x.device))
-
     k = 0
     while k < n:
         if pivots[k] > 0:
-            b = swap_rows(b, k, pivots[k] - 1)
+            b = _swap(b, k, pivots[k] - 1)
             below = b[k + 1:] - torch.outer(ld[k + 1:, k], b[k])
             b = torch.cat([b[:k], (b[k] / ld[k, k]).unsqueeze(0), below])
             k += 1
         else:
-            b = swap_rows(b, k + 1, -pivots[k] - 1)
+            b = _swap(b, k + 1, -pivots[k] - 1)
             below = b[k + 2:] - torch.outer(ld[k + 2:, k], b[k]) - torch.outer(ld[k + 2:, k + 1], b[k + 1])
             d21 = ld[k + 1, k]
             d11, d22 = ld[k, k] / d21, ld[k + 1, k + 1] / d21
@@ -143,11 +138,11 @@ def _solve(ld, pivots, b):
     while k >= 0:
         if pivots[k] > 0:
             row = b[k] - ld[k + 1:, k] @ b[k + 1:]
-            b = swap_rows(torch.cat([b[:k], row.unsqueeze(0), b[k + 1:]]), k, pivots[k] - 1)
+            b = _swap(torch.cat([b[:k], row.unsqueeze(0), b[k + 1:]]), k, pivots[k] - 1)
             k -= 1
         else:
             rows = torch.stack([b[k - 1] - ld[k + 1:, k - 1] @ b[k + 1:], b[k] - ld[k + 1:, k] @ b[k + 1:]])
-            b = swap_rows(torch.cat([b[:k - 1], rows, b[k + 1:]]), k, -pivots[k] - 1)
+            b = _swap(torch.cat([b[:k - 1], rows, b[k + 1:]]), k, -pivots[k] - 1)
             k -= 2
     return b
 

@@ -343,9 +343,13 @@ def native_batch_norm_backward(
 # ---- Pooling. ----
 
 
+def _per_dim(v, n):
+    """An ``n``-d pooling argument as ``n`` values (PyTorch takes one or ``n``)."""
+    return [v] * n if isinstance(v, int) else list(v) * (n // len(v))
+
+
 def _pair(v):
-    """A 2-D pooling argument as two values (PyTorch takes one or two)."""
-    return [v, v] if isinstance(v, int) else list(v) * (2 // len(v))
+    return _per_dim(v, 2)
 
 
 def _ceil_extra(size, k, s, p, d):

@@ -1,21 +1,18 @@
 """3-D average pooling and fractional max pooling, built from the 2-D
 pooling kernels and strided slices the device already has."""
 
+import itertools
+
 import torch
 
-from .nn import avg_pool2d, avg_pool2d_backward
+from .indexing import row_major_strides
+from .nn import _per_dim, avg_pool2d, avg_pool2d_backward
 from .registry import kernel
 
 
-def _triple(v, default=None):
-    if v is None or (not isinstance(v, int) and len(v) == 0):
-        v = default
-    return [v] * 3 if isinstance(v, int) else list(v) * (3 // len(v))
-
-
 def _avg3d_args(kernel_size, stride, padding):
-    k = _triple(kernel_size)
-    return k, _triple(stride, k), _triple(padding)
+    k = _per_dim(kernel_size, 3)
+    return k, _per_dim(stride, 3) if stride else k, _per_dim(padding, 3)
 
 
 # Average pooling is separable: each window's sum is a sum over depth of
@@ -95,11 +92,9 @@ def _fractional_max_pool(self, kernel_size, output_size, random_samples):
     starts = [_fractional_starts(samples[:n, :, order[d]], sizes[d], kernel_size[d], output_size[d])
               for d in range(dims)]
     flat = x.reshape(n, c, -1)
-    strides = [1] * dims
-    for d in range(dims - 2, -1, -1):
-        strides[d] = strides[d + 1] * sizes[d + 1]
+    strides = row_major_strides(sizes)
     best = where = None
-    for offset in torch.cartesian_prod(*[torch.arange(k) for k in kernel_size]).reshape(-1, dims).tolist():
+    for offset in itertools.product(*(range(k) for k in kernel_size)):
         index = torch.zeros((n, c) + tuple(output_size), dtype=torch.int64, device=x.device)
         for d in range(dims):
             shape = [n, c] + [1] * dims
