@@ -15,13 +15,14 @@ use std::process::{Command, ExitCode};
 
 /// Debian packages the build needs: protoc, the protobuf well-known types
 /// it imports and libclang for the PJRT bindings; a C++ compiler and Gloo
-/// for tpu-dist's host leg.
+/// for tpu-dist's host leg; Graphviz for the SVGs of dumped graphs.
 const APT_PACKAGES: &[&str] = &[
     "protobuf-compiler",
     "libprotobuf-dev",
     "libclang-dev",
     "g++",
     "libgloo-dev",
+    "graphviz",
 ];
 
 /// The plugin the main job and most tests run on: the default CPU plugin.
@@ -222,7 +223,8 @@ fn install_system_packages() -> Result<(), String> {
     let has_protoc = Command::new("protoc").arg("--version").output().is_ok()
         && Path::new("/usr/include/google/protobuf/any.proto").exists();
     let has_gloo = Path::new("/usr/include/gloo/allreduce.h").exists();
-    if has_protoc && has_libclang() && has_gloo {
+    let has_dot = Command::new("dot").arg("-V").output().is_ok();
+    if has_protoc && has_libclang() && has_gloo && has_dot {
         return Ok(());
     }
     let as_root = Command::new("id")

@@ -78,7 +78,8 @@ pub fn reset_peak_memory_stats() {
 }
 
 /// The runtime's counters: compiles, cache hits, executions, graphs cut
-/// (total and by reason), live and peak device bytes.
+/// and recompiles (total and by reason), transfer bytes, live and peak
+/// device bytes.
 #[pyfunction]
 pub fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let m = tpu_core::metrics::metrics();
@@ -94,6 +95,14 @@ pub fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         by_reason.set_item(reason.name(), n)?;
     }
     out.set_item("graphs_cut_by_reason", by_reason)?;
+    out.set_item("recompiles", m.total_recompiles())?;
+    let by_reason = PyDict::new(py);
+    for (reason, n) in &m.recompiles_by_reason {
+        by_reason.set_item(reason.name(), n)?;
+    }
+    out.set_item("recompiles_by_reason", by_reason)?;
+    out.set_item("host_to_device_bytes", m.host_to_device_bytes)?;
+    out.set_item("device_to_host_bytes", m.device_to_host_bytes)?;
     out.set_item("live_bytes", m.live_device_bytes)?;
     out.set_item("peak_bytes", m.peak_device_bytes)?;
     Ok(out)
@@ -115,5 +124,5 @@ pub fn set_eager_mode(mode: &str) -> PyResult<()> {
 /// Runs everything pending on the device.
 #[pyfunction]
 pub fn synchronize() -> PyResult<()> {
-    Ok(kernels::synchronize()?)
+    Ok(crate::profile::from_python(kernels::synchronize)?)
 }

@@ -90,12 +90,10 @@ pub fn synchronize() -> Result<()> {
 /// Calls op `name` under the bridge's policy.
 pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Result<Vec<Tensor>> {
     let _scope = EagerModeGuard::with_policy(current()?);
-    Ok(policy::call(
-        name,
-        inputs,
-        attrs,
-        Some(Device::Tpu(device)),
-    )?)
+    let outputs = crate::profile::from_python(|| {
+        policy::call(name, inputs, attrs, Some(Device::Tpu(device)))
+    })?;
+    Ok(outputs)
 }
 
 /// [`call`] of an op with one output, on its inputs' device.

@@ -14,6 +14,7 @@ mod dist;
 mod error;
 mod kernels;
 mod ops;
+mod profile;
 mod random;
 mod storage;
 mod torch;
@@ -49,6 +50,12 @@ fn op_names() -> PyResult<Vec<&'static str>> {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tpu_eager::link();
     m.add("TpuError", m.py().get_type::<TpuError>())?;
+    m.add(
+        "RecompileWarning",
+        m.py().get_type::<profile::RecompileWarning>(),
+    )?;
+    // Shown through Python's warnings, at the user's line.
+    tpu_core::recompile::collect_warnings();
     m.add_class::<Storage>()?;
     m.add_class::<dist::DistStore>()?;
     m.add_class::<dist::DistGroup>()?;
@@ -77,5 +84,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::eager_mode, m)?)?;
     m.add_function(wrap_pyfunction!(device::set_eager_mode, m)?)?;
     m.add_function(wrap_pyfunction!(device::synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(profile::profile_start, m)?)?;
+    m.add_function(wrap_pyfunction!(profile::profile_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(profile::profile_recording, m)?)?;
+    m.add_function(wrap_pyfunction!(profile::metrics_report, m)?)?;
     Ok(())
 }

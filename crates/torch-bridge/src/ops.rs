@@ -120,7 +120,8 @@ fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
 #[pyfunction]
 pub fn to_cpu<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let view = View::of(t)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
-    Ok(download(py, &view.read()?)?)
+    let value = view.read()?;
+    Ok(crate::profile::from_python(|| download(py, &value))?)
 }
 
 /// A tpu copy of CPU tensor `t` on device `device`.
@@ -144,6 +145,16 @@ pub fn from_cpu<'py>(
 #[pyfunction]
 #[pyo3(signature = (op, inputs, grads, attrs=None))]
 pub fn vjp<'py>(
+    py: Python<'py>,
+    op: &str,
+    inputs: &Bound<'py, PyList>,
+    grads: &Bound<'py, PyList>,
+    attrs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    crate::profile::from_python(|| vjp_here(py, op, inputs, grads, attrs))
+}
+
+fn vjp_here<'py>(
     py: Python<'py>,
     op: &str,
     inputs: &Bound<'py, PyList>,

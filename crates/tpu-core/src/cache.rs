@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::pjrt::{Client, CompileOptions, Executable};
+use crate::profile;
 
 pub use disk::DiskCache;
 
@@ -106,18 +107,25 @@ impl CompileCache {
             program: program.into(),
             options: options.clone(),
         };
+        let mut span = profile::span("compile", "compile");
+        if span.recording() {
+            span.arg("program", program_name(program));
+        }
         if let Some(hit) = self.lookup(&key) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             crate::metrics::record_cache_hit();
+            span.arg("cache", "memory");
             return Ok(hit);
         }
         if let Some(executable) = self.load_from_disk(client, &key) {
             self.disk_hits.fetch_add(1, Ordering::Relaxed);
             crate::metrics::record_disk_hit();
+            span.arg("cache", "disk");
             let executable = Arc::new(executable);
             self.insert(key, executable.clone());
             return Ok(executable);
         }
+        span.arg("cache", "compiled");
         let started = Instant::now();
         let executable = Arc::new(client.compile(program, options)?);
         crate::metrics::record_compile(started.elapsed());
@@ -251,4 +259,13 @@ impl CompileCache {
             None => CompileCache::new(1024),
         })
     }
+}
+
+/// The module name of a program (`module @name`), for the trace.
+fn program_name(program: &str) -> String {
+    program
+        .split_once("module @")
+        .and_then(|(_, rest)| rest.split(|c: char| c.is_whitespace() || c == '{').next())
+        .unwrap_or("main")
+        .to_string()
 }

@@ -226,6 +226,14 @@ pub enum Error {
         /// The worst element and its error.
         detail: String,
     },
+    /// A profile trace could not be started or written.
+    #[error("cannot record the profile trace {path}: {reason}")]
+    Profile {
+        /// The trace file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A StableHLO program whose entry signature we cannot read.
     #[error("cannot read the signature of @main: {0}")]
     Signature(String),

@@ -29,6 +29,8 @@ pub mod metrics;
 pub mod op;
 pub mod pjrt;
 pub mod policy;
+pub mod profile;
+pub mod recompile;
 mod runtime;
 pub mod scalars;
 pub mod settings;

@@ -1,8 +1,12 @@
-//! Process-wide counters: compiles, cache hits, executions, graph cuts and
-//! device memory. Always on; reading them costs a few atomic loads.
+//! Process-wide counters: compiles, cache hits, executions, graph cuts,
+//! recompiles, transfers and device memory. Always on; reading them costs a
+//! few atomic loads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::profile;
+pub use crate::recompile::RecompileReason;
 
 /// Why a deferred graph was cut (compiled and run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,6 +67,9 @@ static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
 static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
 static PEAK_BYTES: AtomicU64 = AtomicU64::new(0);
 static CUTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static RECOMPILES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static TO_DEVICE_BYTES: AtomicU64 = AtomicU64::new(0);
+static TO_HOST_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -79,6 +86,13 @@ pub struct Metrics {
     pub executions: u64,
     /// Deferred graphs cut, by reason.
     pub graphs_cut: Vec<(CutReason, u64)>,
+    /// Programs built again for an op or graph that had one, by what
+    /// changed (see [`crate::recompile`]).
+    pub recompiles_by_reason: Vec<(RecompileReason, u64)>,
+    /// Bytes copied from the host to devices.
+    pub host_to_device_bytes: u64,
+    /// Bytes copied from devices to the host.
+    pub device_to_host_bytes: u64,
     /// Bytes held in device buffers now.
     pub live_device_bytes: u64,
     /// The most bytes held at once since start (or the last reset).
@@ -98,6 +112,19 @@ impl Metrics {
             .find(|(r, _)| *r == reason)
             .map_or(0, |(_, n)| *n)
     }
+
+    /// Total recompiles.
+    pub fn total_recompiles(&self) -> u64 {
+        self.recompiles_by_reason.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Recompiles for `reason`.
+    pub fn recompiles(&self, reason: RecompileReason) -> u64 {
+        self.recompiles_by_reason
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
 }
 
 /// The counters now.
@@ -113,6 +140,13 @@ pub fn metrics() -> Metrics {
             .enumerate()
             .map(|(i, r)| (*r, CUTS[i].load(Ordering::Relaxed)))
             .collect(),
+        recompiles_by_reason: RecompileReason::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (*r, RECOMPILES[i].load(Ordering::Relaxed)))
+            .collect(),
+        host_to_device_bytes: TO_DEVICE_BYTES.load(Ordering::Relaxed),
+        device_to_host_bytes: TO_HOST_BYTES.load(Ordering::Relaxed),
         live_device_bytes: LIVE_BYTES.load(Ordering::Relaxed),
         peak_device_bytes: PEAK_BYTES.load(Ordering::Relaxed),
     }
@@ -153,11 +187,91 @@ pub fn record_graph_cut(reason: CutReason) {
     CUTS[i].fetch_add(1, Ordering::Relaxed);
 }
 
+pub(crate) fn record_recompile(reason: RecompileReason) {
+    let i = RecompileReason::ALL
+        .iter()
+        .position(|r| *r == reason)
+        .unwrap_or(0);
+    RECOMPILES[i].fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn record_to_device(bytes: u64) {
+    TO_DEVICE_BYTES.fetch_add(bytes, Ordering::Relaxed);
+}
+
+pub(crate) fn record_to_host(bytes: u64) {
+    TO_HOST_BYTES.fetch_add(bytes, Ordering::Relaxed);
+}
+
 pub(crate) fn device_alloc(bytes: u64) {
     let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
+    profile::counter("live device bytes", live);
 }
 
 pub(crate) fn device_free(bytes: u64) {
-    LIVE_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+    let live = LIVE_BYTES
+        .fetch_sub(bytes, Ordering::Relaxed)
+        .saturating_sub(bytes);
+    profile::counter("live device bytes", live);
+}
+
+/// Puts the live bytes in the trace (when one starts).
+pub(crate) fn note_live_bytes() {
+    profile::counter("live device bytes", LIVE_BYTES.load(Ordering::Relaxed));
+}
+
+/// The process's activity as a report: the summary of the trace being (or
+/// last) recorded, whose op table needs one, and the counters.
+pub fn report() -> String {
+    let m = metrics();
+    let mut out = String::new();
+    match profile::recorded_summary() {
+        Some(summary) => out.push_str(&format!("{summary}\n")),
+        None => out.push_str(
+            "top ops by time: no trace recorded (TPU_RS_PROFILE=FILE or a profile scope)\n",
+        ),
+    }
+    let by = |pairs: Vec<(&str, u64)>| {
+        let shown: Vec<String> = pairs
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        if shown.is_empty() {
+            "none".to_string()
+        } else {
+            shown.join(", ")
+        }
+    };
+    out.push_str(&format!(
+        "process totals: {} compiles ({:.2} s), {} in-memory and {} disk cache hits, {} launches\n",
+        m.compiles,
+        m.compile_time.as_secs_f64(),
+        m.cache_hits,
+        m.disk_hits,
+        m.executions
+    ));
+    out.push_str(&format!(
+        "  graph cuts: {}\n",
+        by(m.graphs_cut.iter().map(|(r, n)| (r.name(), *n)).collect())
+    ));
+    out.push_str(&format!(
+        "  recompiles: {}\n",
+        by(m.recompiles_by_reason
+            .iter()
+            .map(|(r, n)| (r.name(), *n))
+            .collect())
+    ));
+    out.push_str(&format!(
+        "  transfers: {} to devices, {} to the host\n",
+        profile::summary::bytes(m.host_to_device_bytes),
+        profile::summary::bytes(m.device_to_host_bytes)
+    ));
+    out.push_str(&format!(
+        "  device memory: {} live, peak {}",
+        profile::summary::bytes(m.live_device_bytes),
+        profile::summary::bytes(m.peak_device_bytes)
+    ));
+    out
 }

@@ -14,6 +14,7 @@ use crate::Device;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
 use crate::op::{Attrs, OpDef, OpId, check_inputs, registry, run_reference};
+use crate::profile::{self, CallSite};
 use crate::stablehlo::{Builder, TensorType, Value};
 use crate::tensor::Tensor;
 
@@ -93,7 +94,7 @@ pub struct OpCall<'a> {
     /// The inferred output types.
     pub outputs: Vec<TensorType>,
     /// The user's call site.
-    pub location: &'static Location<'static>,
+    pub location: CallSite,
 }
 
 /// Lowers a collective's body for one member: its input, its output.
@@ -229,8 +230,11 @@ impl Drop for EagerModeGuard {
 }
 
 /// Runs everything the current policy has pending.
+#[track_caller]
 pub fn sync() -> Result<()> {
-    current_policy()?.flush(CutReason::Sync)
+    profile::at(Location::caller(), || {
+        current_policy()?.flush(CutReason::Sync)
+    })
 }
 
 /// Marks the end of a backward pass: deferred work is cut here.
@@ -272,10 +276,14 @@ pub fn call(
     attrs: &Attrs,
     device: Option<Device>,
 ) -> Result<Vec<Tensor>> {
-    let location = Location::caller();
+    let location = profile::call_site(Location::caller());
     let registry = registry()?;
     let id = registry.id(name)?;
     let op = registry.op(id);
+    let mut span = profile::span("op", op.name);
+    if span.recording() {
+        span.arg("at", location.to_string());
+    }
     let device = device_of(op, inputs, device)?;
     let types: Vec<TensorType> = inputs.iter().map(|t| t.ty().clone()).collect();
     let outputs = check_inputs(op, &types, attrs, device)?;

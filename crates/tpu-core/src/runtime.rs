@@ -31,6 +31,7 @@ impl Runtime {
     pub fn global() -> Result<&'static Runtime> {
         GLOBAL
             .get_or_init(|| {
+                crate::profile::start_from_env()?;
                 let options = ClientOptions {
                     cpu_device_count: cpu_devices_from_env()?,
                     kv_store: KV_STORE.get().cloned(),

@@ -229,16 +229,18 @@ impl Tensor {
     }
 
     /// The value in host memory (computing and downloading as needed).
+    /// A graph this cuts is attributed to the caller in profile traces.
+    #[track_caller]
     pub fn to_host(&self) -> Result<HostTensor> {
-        match self.value() {
-            TensorValue::Host(h) => Ok((*h).clone()),
-            _ => {
-                // The elements may sit in a buffer of another shape.
-                let host =
-                    HostBuffer::download(&*self.elements()?)?.reshaped(self.shape().clone())?;
-                Ok(HostTensor::from_buffer(&host))
-            }
+        if let TensorValue::Host(h) = self.value() {
+            return Ok((*h).clone());
         }
+        let host = crate::profile::at(std::panic::Location::caller(), || {
+            // The elements may sit in a buffer of another shape.
+            HostBuffer::download(&*self.elements()?)?.reshaped(self.shape().clone())
+        });
+        crate::profile::flush();
+        Ok(HostTensor::from_buffer(&host?))
     }
 }
 

@@ -11,6 +11,7 @@ use tpu_core::metrics::CutReason;
 use tpu_core::op::{Attrs, OpId, single_op_program_over};
 use tpu_core::pjrt::{Buffer, CompileOptions, Executable};
 use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::recompile::{self, OpSignature};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Result, Runtime, Shape, Tensor};
 
@@ -87,6 +88,19 @@ impl Strict {
         let program = single_op_program_over(call.op, &types, &shapes, call.attrs)?;
         let executable =
             Runtime::global()?.compile(&program, &CompileOptions::on_device(call.device))?;
+        let mut identity = std::collections::hash_map::DefaultHasher::new();
+        (call.id, call.device).hash(&mut identity);
+        let signature = OpSignature {
+            op: call.op.name,
+            inputs: &types,
+            attrs: call.attrs,
+        };
+        recompile::built(
+            identity.finish(),
+            || format!("op `{}`", call.op.name),
+            &[signature],
+            call.location,
+        );
         let entry = Entry {
             op: call.id,
             attrs: call.attrs.clone(),

@@ -519,15 +519,12 @@ fn dumped_graphs_are_the_compiled_program_and_a_picture_of_it() {
         let to = ends.next().unwrap().split(' ').next().unwrap();
         assert!(declared.contains(&from) && declared.contains(&to), "{edge}");
     }
-    if let Ok(out) = std::process::Command::new("dot")
-        .arg("-Tsvg")
-        .arg(&dot)
-        .output()
-    {
+    if std::process::Command::new("dot").arg("-V").output().is_ok() {
+        // Graphviz parsed the picture and drew it.
+        let svg = std::fs::read_to_string(dot.with_extension("svg")).expect("an .svg beside it");
         assert!(
-            out.status.success(),
-            "dot rejects the picture: {}",
-            String::from_utf8_lossy(&out.stderr)
+            svg.contains("<svg") && svg.contains("inspection.rs:"),
+            "{svg}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -31,9 +31,10 @@ pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
 pub use functional::Window;
 pub use tensor::Tensor;
-pub use tpu_core::metrics::{Metrics, metrics};
+pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
 pub use tpu_core::pjrt::discovery;
 pub use tpu_core::policy::{EagerMode, sync, with_eager_mode};
+pub use tpu_core::profile;
 pub use tpu_core::{
     Arg, Buffer, CacheStats, Client, ClientOptions, CompileCache, CompileOptions, DType, Device,
     DeviceDescription, Element, ErrorCode, Executable, HostBuffer, HostTensor, MemoryStats, Plugin,

@@ -3,6 +3,10 @@
 //! step-dependent number (learning rate, bias corrections) enters as a
 //! rank-0 tensor, so a changing schedule never recompiles a fused step.
 
+use std::panic::Location;
+
+use tpu_core::profile;
+
 use crate::autograd::no_grad;
 use crate::error::Result;
 use crate::nn::Parameter;
@@ -10,7 +14,9 @@ use crate::tensor::Tensor;
 
 /// Something that updates parameters from their gradients.
 pub trait Optimizer {
-    /// Applies one update from the accumulated gradients.
+    /// Applies one update from the accumulated gradients; profile traces
+    /// attribute its ops to the caller.
+    #[track_caller]
     fn step(&mut self) -> Result<()>;
     /// Forgets every parameter's gradient.
     fn zero_grad(&self);
@@ -61,25 +67,28 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    #[track_caller]
     fn step(&mut self) -> Result<()> {
-        no_grad(|| {
-            for (p, v) in self.params.iter().zip(&mut self.velocity) {
-                let value = p.get();
-                let Some(mut g) = value.grad() else { continue };
-                if self.weight_decay != 0.0 {
-                    g = (&g + &(&value * &scalar_for(&value, self.weight_decay)?)?)?;
+        profile::at(Location::caller(), || {
+            no_grad(|| {
+                for (p, v) in self.params.iter().zip(&mut self.velocity) {
+                    let value = p.get();
+                    let Some(mut g) = value.grad() else { continue };
+                    if self.weight_decay != 0.0 {
+                        g = (&g + &(&value * &scalar_for(&value, self.weight_decay)?)?)?;
+                    }
+                    if self.momentum != 0.0 {
+                        let next = match v.take() {
+                            Some(prev) => (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?,
+                            None => g,
+                        };
+                        *v = Some(next.clone());
+                        g = next;
+                    }
+                    p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
                 }
-                if self.momentum != 0.0 {
-                    let next = match v.take() {
-                        Some(prev) => (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?,
-                        None => g,
-                    };
-                    *v = Some(next.clone());
-                    g = next;
-                }
-                p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
-            }
-            end_of_step()
+                end_of_step()
+            })
         })
     }
 
@@ -124,31 +133,34 @@ impl AdamW {
 }
 
 impl Optimizer for AdamW {
+    #[track_caller]
     fn step(&mut self) -> Result<()> {
         self.steps += 1;
         let (b1, b2) = self.betas;
         let t = f64::from(self.steps);
         let (c1, c2) = (1.0 - b1.powf(t), 1.0 - b2.powf(t));
-        no_grad(|| {
-            for (p, state) in self.params.iter().zip(&mut self.moments) {
-                let value = p.get();
-                let Some(g) = value.grad() else { continue };
-                let s = |x: f64| scalar_for(&value, x);
-                let (m, v) = match state.take() {
-                    Some((m, v)) => (
-                        (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
-                        (&(&v * &s(b2)?)? + &(&(&g * &g)? * &s(1.0 - b2)?)?)?,
-                    ),
-                    None => ((&g * &s(1.0 - b1)?)?, (&(&g * &g)? * &s(1.0 - b2)?)?),
-                };
-                let m_hat = (&m / &s(c1)?)?;
-                let v_hat = (&v / &s(c2)?)?;
-                let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
-                let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
-                p.set(&(&value - &(&update * &s(self.lr)?)?)?);
-                *state = Some((m, v));
-            }
-            end_of_step()
+        profile::at(Location::caller(), || {
+            no_grad(|| {
+                for (p, state) in self.params.iter().zip(&mut self.moments) {
+                    let value = p.get();
+                    let Some(g) = value.grad() else { continue };
+                    let s = |x: f64| scalar_for(&value, x);
+                    let (m, v) = match state.take() {
+                        Some((m, v)) => (
+                            (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
+                            (&(&v * &s(b2)?)? + &(&(&g * &g)? * &s(1.0 - b2)?)?)?,
+                        ),
+                        None => ((&g * &s(1.0 - b1)?)?, (&(&g * &g)? * &s(1.0 - b2)?)?),
+                    };
+                    let m_hat = (&m / &s(c1)?)?;
+                    let v_hat = (&v / &s(c2)?)?;
+                    let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
+                    let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
+                    p.set(&(&value - &(&update * &s(self.lr)?)?)?);
+                    *state = Some((m, v));
+                }
+                end_of_step()
+            })
         })
     }
 

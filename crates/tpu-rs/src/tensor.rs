@@ -1,10 +1,12 @@
 //! The user-facing tensor: a value on a device plus what autograd needs.
 
+use std::panic::Location;
 use std::sync::{Arc, Mutex};
 
 use ndarray::ArrayD;
 use tpu_core::host::HostTensor;
 use tpu_core::op::{Attrs, registry};
+use tpu_core::profile;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Device, Element, HostBuffer, Shape};
 
@@ -183,21 +185,25 @@ impl Tensor {
     // ---- Moving data. ----
 
     /// The values in host memory.
+    #[track_caller]
     pub fn to_host(&self) -> Result<HostTensor> {
         Ok(self.inner.value.to_host()?)
     }
 
     /// The values as a vector; `T` must match the dtype.
+    #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         Ok(self.to_host()?.to_buffer().to_vec::<T>()?)
     }
 
     /// The values as f64, whatever the dtype.
+    #[track_caller]
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         Ok(self.to_host()?.to_f64().into_iter().collect())
     }
 
     /// The single value of a one-element tensor, as f64.
+    #[track_caller]
     pub fn item(&self) -> Result<f64> {
         let v = self.to_f64_vec()?;
         match v.as_slice() {
@@ -210,6 +216,7 @@ impl Tensor {
     }
 
     /// The values as an `ndarray` array; `T` must match the dtype.
+    #[track_caller]
     pub fn to_ndarray<T: Element>(&self) -> Result<ArrayD<T>> {
         let values = self.to_vec::<T>()?;
         ArrayD::from_shape_vec(self.dims(), values).map_err(|e| Error::Shape {
@@ -270,12 +277,14 @@ impl Tensor {
     }
 
     /// Backpropagates from this scalar: leaves that require grad accumulate
-    /// their gradients.
+    /// their gradients. Profile traces attribute its ops to the caller.
+    #[track_caller]
     pub fn backward(&self) -> Result<()> {
-        autograd::backward(self, None)
+        profile::at(Location::caller(), || autograd::backward(self, None))
     }
 
     /// Backpropagates with an explicit incoming gradient (for non-scalars).
+    #[track_caller]
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
         if grad.shape() != self.shape() {
             return Err(Error::Shape {
@@ -287,7 +296,7 @@ impl Tensor {
                 ),
             });
         }
-        autograd::backward(self, Some(grad))
+        profile::at(Location::caller(), || autograd::backward(self, Some(grad)))
     }
 
     /// Replaces the accumulated gradient.

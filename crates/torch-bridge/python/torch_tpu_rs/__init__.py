@@ -10,13 +10,17 @@
         loss.backward()
 """
 
+import atexit
+
 from . import _C
 from ._backend import register
-from ._C import TpuError
+from ._C import RecompileWarning, TpuError
 
-__all__ = ["TpuError", "metrics", "op_names"]
+__all__ = ["RecompileWarning", "TpuError", "metrics", "op_names"]
 
 register()
+# A trace TPU_RS_PROFILE started is completed when the interpreter exits.
+atexit.register(_C.profile_stop)
 
 
 def _autoload():

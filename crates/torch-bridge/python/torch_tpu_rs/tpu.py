@@ -1,6 +1,7 @@
 """``torch.tpu``: the device module, as ``torch.cuda`` is for CUDA."""
 
 import contextlib
+import os
 import enum
 import functools
 import threading
@@ -226,9 +227,35 @@ def reset_peak_memory_stats(device=None):
 
 def metrics():
     """Runtime counters: ``compiles``, ``cache_hits``, ``executions``,
-    ``graphs_cut`` (and ``graphs_cut_by_reason``), ``live_bytes``,
-    ``peak_bytes``."""
+    ``graphs_cut`` (and ``graphs_cut_by_reason``), ``recompiles`` (and
+    ``recompiles_by_reason``: ``input_shape``, ``input_dtype``,
+    ``attribute``, ``outputs``), ``host_to_device_bytes``,
+    ``device_to_host_bytes``, ``live_bytes``, ``peak_bytes``."""
     return dict(_C.metrics())
+
+
+def metrics_report(file=None):
+    """Prints (to ``file``, default stdout) and returns a report of this
+    process: with a recorded trace, the top ops by time and the trace's
+    compiles, launches, cuts, recompiles and transfers; and the counters."""
+    report = _C.metrics_report()
+    print(report, file=file)
+    return report
+
+
+@contextlib.contextmanager
+def profile(path):
+    """Records a Chrome trace of the block into ``path`` (open it in
+    Perfetto or ``chrome://tracing``)::
+
+        with torch.tpu.profile("trace.json"):
+            train_step()
+    """
+    _C.profile_start(os.fspath(path))
+    try:
+        yield
+    finally:
+        _C.profile_stop()
 
 
 def eager_mode():

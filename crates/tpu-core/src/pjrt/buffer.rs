@@ -137,6 +137,10 @@ impl Buffer {
         if dst.is_empty() {
             return Ok(());
         }
+        // Includes waiting for the computation that produces the buffer.
+        let mut span = crate::profile::span("transfer", "device_to_host");
+        span.arg("bytes", dst.len());
+        crate::metrics::record_to_host(dst.len() as u64);
         let mut args = Padded::<sys::PJRT_Buffer_ToHostBuffer_Args>::new();
         args.src = self.raw;
         args.dst = dst.as_mut_ptr().cast();
@@ -169,6 +173,8 @@ impl Buffer {
     /// Copies the buffer to device `device` of the same client.
     pub fn copy_to_device(&self, device: usize) -> Result<Buffer> {
         let dst = self.client.device(device)?;
+        let mut span = crate::profile::span("transfer", "device_to_device");
+        span.arg("bytes", self.size_in_bytes());
         let mut args = Padded::<sys::PJRT_Buffer_CopyToDevice_Args>::new();
         args.buffer = self.raw;
         args.dst_device = dst;

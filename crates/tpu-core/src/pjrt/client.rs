@@ -254,6 +254,9 @@ impl Client {
         let shape = shape.into();
         crate::host::check_len(bytes.len(), dtype, &shape)?;
         let raw_device = self.inner.device(device)?;
+        let mut span = crate::profile::span("transfer", "host_to_device");
+        span.arg("bytes", bytes.len());
+        crate::metrics::record_to_device(bytes.len() as u64);
         let dims = shape.dims_i64();
         let mut args = Padded::<sys::PJRT_Client_BufferFromHostBuffer_Args>::new();
         args.client = self.inner.raw;

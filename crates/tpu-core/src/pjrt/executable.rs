@@ -211,6 +211,11 @@ impl Executable {
 
     fn launch(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Vec<Buffer>>> {
         self.check_args(&args)?;
+        let mut span = crate::profile::span("execute", "launch");
+        if span.recording() {
+            span.arg("program", self.signature.name.clone());
+            span.arg("devices", self.devices.len());
+        }
         let num_args = self.signature.parameters.len();
         let num_outputs = self.signature.results.len();
         let non_donatable: Vec<i64> = (0..num_args)

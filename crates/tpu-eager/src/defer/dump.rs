@@ -2,12 +2,15 @@
 //! written to `DIR` as its StableHLO text (`NNNN.mlir`) and as a Graphviz
 //! picture (`NNNN.dot`): ops with their output types and the source line
 //! that recorded them, parameters (donated ones marked), results, and why
-//! the graph was cut. Only graphs that compile are written, so a training
-//! loop writes each distinct step once.
+//! the graph was cut; and an SVG of the picture (`NNNN.svg`) where
+//! Graphviz's `dot` is installed. Only graphs that compile are written, so
+//! a training loop writes each distinct step once.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use tpu_core::metrics::CutReason;
 
@@ -32,7 +35,47 @@ pub(crate) fn write(
     let dot = dir.join(format!("{n:04}.dot"));
     std::fs::write(&mlir, program)?;
     std::fs::write(&dot, picture(graph, plan, needed, reason))?;
+    render_svg(&dot);
     Ok((mlir, dot))
+}
+
+/// Longest `dot` may take on one picture before it is stopped.
+const DOT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Renders `dot` to an SVG beside it with Graphviz, where installed; a
+/// failure is reported and the dump goes on without the SVG.
+fn render_svg(dot: &Path) {
+    let svg = dot.with_extension("svg");
+    let child = Command::new("dot")
+        .arg("-Tsvg")
+        .arg("-o")
+        .arg(&svg)
+        .arg(dot)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return; // Graphviz is not installed.
+    };
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return,
+            Ok(Some(status)) => {
+                tracing::warn!(dot = %dot.display(), %status, "TPU_RS_DUMP_GRAPHS: dot failed");
+                return;
+            }
+            Ok(None) if started.elapsed() < DOT_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                tracing::warn!(dot = %dot.display(), "TPU_RS_DUMP_GRAPHS: dot took too long; no SVG");
+                return;
+            }
+        }
+    }
 }
 
 /// The Graphviz text of the live part of `graph`.

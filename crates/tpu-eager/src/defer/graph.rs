@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::panic::Location;
 use std::sync::Arc;
 
 use tpu_core::op::{Attrs, OpDef, OpId};
 use tpu_core::pjrt::Buffer;
 use tpu_core::policy::LowerCollective;
+use tpu_core::profile::CallSite;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{Error, Result, TensorValue, WeakTensor};
 
@@ -33,7 +33,7 @@ pub(crate) struct Node {
     pub attrs: Attrs,
     pub inputs: Vec<Src>,
     pub outputs: Vec<Output>,
-    pub location: &'static Location<'static>,
+    pub location: CallSite,
 }
 
 impl Node {

@@ -20,6 +20,7 @@ mod fused_collective;
 mod graph;
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -28,6 +29,8 @@ use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
 use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
+use tpu_core::profile::{self, CallSite, Detail};
+use tpu_core::recompile::{self, OpSignature};
 use tpu_core::settings::{self, Lookup};
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
 
@@ -126,6 +129,10 @@ enum Resolved {
 impl DeferAndFuse {
     /// A policy with `config`.
     pub fn new(config: DeferConfig) -> Arc<DeferAndFuse> {
+        if config.dump_dir.is_some() {
+            // The pictures name the user's source lines.
+            profile::want_sites();
+        }
         Arc::new_cyclic(|me| DeferAndFuse {
             me: me.clone(),
             config,
@@ -392,6 +399,13 @@ impl DeferAndFuse {
             return Ok(());
         }
         record_graph_cut(reason);
+        let site = cut_site(&graph, &needed);
+        profile::instant("cut", reason.name(), || {
+            vec![
+                ("ops", Detail::from(needed.iter().filter(|&&x| x).count())),
+                ("at", Detail::from(site.to_string())),
+            ]
+        });
         let executable = self.executable(&graph, &plan, &needed, device, reason)?;
         let Graph {
             nodes, externals, ..
@@ -450,6 +464,7 @@ impl DeferAndFuse {
         let exe = Runtime::global()?
             .compile(&program, &CompileOptions::on_device(device))
             .map_err(|e| blame(graph, needed, device, e))?;
+        note_build(graph, needed, device);
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -576,6 +591,51 @@ fn phases(graph: &Graph, changed: &[bool]) -> Vec<usize> {
 fn period(kinds: &[u64], min: usize) -> Option<usize> {
     let n = kinds.len();
     (min.max(1)..=n / 2).find(|&p| (0..n - p).all(|i| kinds[i] == kinds[i + p]))
+}
+
+/// Where a cut came from: the user's read or sync that asked for values,
+/// else the last op recorded.
+fn cut_site(graph: &Graph, needed: &[bool]) -> CallSite {
+    profile::current_site().unwrap_or_else(|| {
+        let last = needed.iter().rposition(|&x| x).unwrap_or(0);
+        graph.nodes[last].location
+    })
+}
+
+/// Reports a new program for `graph` to [`recompile`]: graphs of the same
+/// structure (ops and how they connect) are the same graph.
+fn note_build(graph: &Graph, needed: &[bool], device: usize) {
+    let live: Vec<usize> = (0..graph.nodes.len()).filter(|&n| needed[n]).collect();
+    let mut identity = std::collections::hash_map::DefaultHasher::new();
+    device.hash(&mut identity);
+    for &n in &live {
+        graph.nodes[n].id.hash(&mut identity);
+        graph.nodes[n].inputs.hash(&mut identity);
+    }
+    let inputs: Vec<Vec<_>> = live
+        .iter()
+        .map(|&n| {
+            graph.nodes[n]
+                .inputs
+                .iter()
+                .map(|&s| graph.src_type(s))
+                .collect()
+        })
+        .collect();
+    let ops: Vec<OpSignature<'_>> = live
+        .iter()
+        .zip(&inputs)
+        .map(|(&n, inputs)| OpSignature {
+            op: graph.nodes[n].op.name,
+            inputs,
+            attrs: &graph.nodes[n].attrs,
+        })
+        .collect();
+    let what = || match ops.as_slice() {
+        [one] => format!("op `{}` (in a fused graph)", one.op),
+        many => format!("a fused graph of {} ops", many.len()),
+    };
+    recompile::built(identity.finish(), what, &ops, cut_site(graph, needed));
 }
 
 /// A compile error of a fused graph, blamed on the first op that fails on

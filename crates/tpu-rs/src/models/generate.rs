@@ -3,6 +3,10 @@
 //! held on the device, so every step after the first runs the same
 //! programs (no compile per token) and nothing is read back until the end.
 
+use std::panic::Location;
+
+use tpu_core::profile;
+
 use crate::error::{Error, Result};
 use crate::models::Gpt;
 use crate::tensor::Tensor;
@@ -29,7 +33,20 @@ impl Gpt {
     /// `prompt` (i64 `[batch, time]`) followed by `max_new_tokens` tokens
     /// per sequence, each picked by `sampling` from the model's
     /// next-token logits. The whole sequence must fit in the block size.
+    /// Profile traces attribute its ops to the caller.
+    #[track_caller]
     pub fn generate(
+        &self,
+        prompt: &Tensor,
+        max_new_tokens: usize,
+        sampling: Sampling,
+    ) -> Result<Tensor> {
+        profile::at(Location::caller(), || {
+            self.generate_tokens(prompt, max_new_tokens, sampling)
+        })
+    }
+
+    fn generate_tokens(
         &self,
         prompt: &Tensor,
         max_new_tokens: usize,

@@ -13,6 +13,9 @@ const USAGE: &str = "usage:
   tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu = jax-cpu, xla-cpu, tpu)
   tpu-rs plugin list                        known plugins and where they are installed
   tpu-rs devices                            the devices of the plugin TPU_RS_PLUGIN selects
+  tpu-rs trace summary TRACE [--memory SVG] a trace's top ops, compiles, cuts, recompiles and
+                                            transfers; device memory over time into SVG
+                                            (default: TRACE with .memory.svg)
   tpu-rs launch -n N [--master-addr A] [--master-port P] -- PROGRAM ARGS...
                                             run N ranks of PROGRAM with torchrun's env:// variables";
 
@@ -26,6 +29,8 @@ fn main() -> ExitCode {
             Ok(())
         }
         ["devices"] => show_devices(),
+        ["trace", "summary", trace] => summarize(trace, None),
+        ["trace", "summary", trace, "--memory", svg] => summarize(trace, Some(svg)),
         ["launch", rest @ ..] => {
             return match launch::Launch::parse(rest).and_then(|l| l.run()) {
                 Ok(code) => code,
@@ -47,6 +52,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints the summary of trace file `trace` and writes its memory plot.
+fn summarize(trace: &str, svg: Option<&str>) -> Result<(), String> {
+    let text = std::fs::read_to_string(trace).map_err(|e| format!("cannot read {trace}: {e}"))?;
+    let summary =
+        tpu_rs::profile::Summary::from_json(&text).map_err(|e| format!("{trace}: {e}"))?;
+    println!("{summary}");
+    let svg_path = match svg {
+        Some(path) => std::path::PathBuf::from(path),
+        None => std::path::Path::new(trace).with_extension("memory.svg"),
+    };
+    match summary.memory_svg() {
+        Some(plot) => {
+            std::fs::write(&svg_path, plot)
+                .map_err(|e| format!("cannot write {}: {e}", svg_path.display()))?;
+            println!("device memory over time: {}", svg_path.display());
+        }
+        None => println!("device memory over time: no samples in the trace"),
+    }
+    Ok(())
 }
 
 fn install_plugins(words: &[&str]) -> Result<(), String> {

@@ -1,0 +1,310 @@
+//! Why a program compiled again. Each new program an op or a fused graph
+//! needs is compared with the last one built for the same op (or the same
+//! graph structure): the first input shape, dtype or attribute that
+//! differs is the reason. It goes to [`crate::metrics`], to the trace, and,
+//! once the same op or graph has been rebuilt [`WARN_AFTER`] times, to a
+//! warning that names the source line.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::op::Attrs;
+use crate::profile::{self, CallSite, Detail};
+use crate::stablehlo::TensorType;
+
+/// What changed between two programs of one op or graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecompileReason {
+    /// An input's shape.
+    InputShape,
+    /// An input's element type.
+    InputDType,
+    /// An attribute.
+    Attribute,
+    /// Neither: which results the graph returns or which buffers it
+    /// donates (or the program was evicted from the cache).
+    Outputs,
+}
+
+impl RecompileReason {
+    /// Every reason, in display order.
+    pub const ALL: [RecompileReason; 4] = [
+        RecompileReason::InputShape,
+        RecompileReason::InputDType,
+        RecompileReason::Attribute,
+        RecompileReason::Outputs,
+    ];
+
+    /// A short name (`input_shape`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            RecompileReason::InputShape => "input_shape",
+            RecompileReason::InputDType => "input_dtype",
+            RecompileReason::Attribute => "attribute",
+            RecompileReason::Outputs => "outputs",
+        }
+    }
+}
+
+/// One op of a program: what its compiled code depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct OpSignature<'a> {
+    /// The op's name.
+    pub op: &'static str,
+    /// Its input types.
+    pub inputs: &'a [TensorType],
+    /// Its attributes.
+    pub attrs: &'a Attrs,
+}
+
+/// A program built again, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recompile {
+    /// The kind of change.
+    pub reason: RecompileReason,
+    /// The change, e.g. "`matmul` input 0 dim 0: 4 -> 8".
+    pub detail: String,
+    /// Programs built so far for this op or graph.
+    pub builds: u64,
+}
+
+/// Rebuilds of one op or graph after which a warning is printed (once).
+pub const WARN_AFTER: u64 = 8;
+
+struct Built {
+    ops: Vec<(&'static str, Vec<TensorType>, Attrs)>,
+    builds: u64,
+}
+
+/// Identities remembered; beyond this the table starts over (a program
+/// that keeps changing structure has no "same graph" to compare with).
+const MAX_TRACKED: usize = 4096;
+
+static BUILT: Mutex<Option<HashMap<u64, Built>>> = Mutex::new(None);
+
+/// Notes that `ops` (one op, or a graph's ops in order) needed a new
+/// program under `identity` (the op, or the graph's structure). Returns the
+/// change from the previous program of the same identity, if there was one.
+pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
+    let mut table = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    let table = table.get_or_insert_with(HashMap::new);
+    if table.len() >= MAX_TRACKED && !table.contains_key(&identity) {
+        table.clear();
+    }
+    let owned = ops
+        .iter()
+        .map(|s| (s.op, s.inputs.to_vec(), s.attrs.clone()))
+        .collect();
+    match table.get_mut(&identity) {
+        None => {
+            table.insert(
+                identity,
+                Built {
+                    ops: owned,
+                    builds: 1,
+                },
+            );
+            None
+        }
+        Some(built) => {
+            let (reason, detail) = difference(&built.ops, ops);
+            built.ops = owned;
+            built.builds += 1;
+            Some(Recompile {
+                reason,
+                detail,
+                builds: built.builds,
+            })
+        }
+    }
+}
+
+/// The first difference between the previous program's ops and `now`.
+fn difference(
+    before: &[(&'static str, Vec<TensorType>, Attrs)],
+    now: &[OpSignature<'_>],
+) -> (RecompileReason, String) {
+    let many = now.len() > 1;
+    for (i, ((op, inputs, attrs), s)) in before.iter().zip(now).enumerate() {
+        let who = if many {
+            format!("op {i} `{}`", s.op)
+        } else {
+            format!("`{}`", s.op)
+        };
+        if *op != s.op || inputs.len() != s.inputs.len() {
+            return (RecompileReason::Outputs, format!("{who} changed"));
+        }
+        for (j, (a, b)) in inputs.iter().zip(s.inputs).enumerate() {
+            if a.dtype != b.dtype {
+                let detail = format!("{who} input {j} dtype: {} -> {}", a.dtype, b.dtype);
+                return (RecompileReason::InputDType, detail);
+            }
+            if a.shape != b.shape {
+                let (da, db) = (a.shape.dims(), b.shape.dims());
+                let detail = match (0..da.len()).find(|&d| da.len() == db.len() && da[d] != db[d]) {
+                    Some(d) => format!(
+                        "{who} input {j} dim {d}: {} -> {} ({a} -> {b})",
+                        da[d], db[d]
+                    ),
+                    None => format!("{who} input {j} rank: {a} -> {b}"),
+                };
+                return (RecompileReason::InputShape, detail);
+            }
+        }
+        if *attrs != *s.attrs {
+            let key = attrs
+                .iter()
+                .map(|(k, _)| k)
+                .chain(s.attrs.iter().map(|(k, _)| k))
+                .find(|k| attrs.get(k) != s.attrs.get(k))
+                .unwrap_or("?");
+            let show = |a: &Attrs| a.get(key).map_or("unset".into(), |v| format!("{v:?}"));
+            let detail = format!(
+                "{who} attribute `{key}`: {} -> {}",
+                show(attrs),
+                show(s.attrs)
+            );
+            return (RecompileReason::Attribute, detail);
+        }
+    }
+    (
+        RecompileReason::Outputs,
+        "the same inputs; the results read or the buffers donated changed".into(),
+    )
+}
+
+/// [`note_build`], then reports a recompile: counted in the metrics, an
+/// event in the trace, and a warning once [`WARN_AFTER`] rebuilds are
+/// reached. `what` names the op or graph for people ("op `matmul`").
+pub fn built(
+    identity: u64,
+    what: impl FnOnce() -> String,
+    ops: &[OpSignature<'_>],
+    site: CallSite,
+) {
+    let Some(recompile) = note_build(identity, ops) else {
+        return;
+    };
+    crate::metrics::record_recompile(recompile.reason);
+    let what = what();
+    profile::instant("recompile", what.clone(), || {
+        vec![
+            ("reason", Detail::from(recompile.reason.name())),
+            ("detail", Detail::from(recompile.detail.clone())),
+            ("at", Detail::from(site.to_string())),
+        ]
+    });
+    if recompile.builds == WARN_AFTER {
+        warn(Warning {
+            message: format!(
+                "{what} has compiled {} programs; the last because {}. Inputs whose shapes \
+                 change every call compile every time: pad them to a few sizes (or use a \
+                 static cache for generation)",
+                recompile.builds, recompile.detail
+            ),
+            site,
+        });
+    }
+}
+
+/// A warning about repeated recompiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    /// What happened and what to do.
+    pub message: String,
+    /// Where the program was built from.
+    pub site: CallSite,
+}
+
+static COLLECTING: AtomicBool = AtomicBool::new(false);
+static PENDING: AtomicBool = AtomicBool::new(false);
+static WARNINGS: Mutex<Vec<Warning>> = Mutex::new(Vec::new());
+
+fn warn(warning: Warning) {
+    tracing::warn!(at = %warning.site, "{}", warning.message);
+    if COLLECTING.load(Ordering::Relaxed) {
+        WARNINGS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(warning);
+        PENDING.store(true, Ordering::Release);
+    } else {
+        eprintln!("tpu-rs warning: {} (at {})", warning.message, warning.site);
+    }
+}
+
+/// Keeps warnings for [`take_warnings`] instead of printing them: an
+/// embedder (the PyTorch bridge) shows them its own way.
+pub fn collect_warnings() {
+    COLLECTING.store(true, Ordering::Relaxed);
+}
+
+/// Whether collected warnings wait (one atomic load).
+#[inline]
+pub fn warnings_pending() -> bool {
+    PENDING.load(Ordering::Acquire)
+}
+
+/// The collected warnings, oldest first.
+pub fn take_warnings() -> Vec<Warning> {
+    PENDING.store(false, Ordering::Release);
+    std::mem::take(&mut *WARNINGS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn sig<'a>(op: &'static str, inputs: &'a [TensorType], attrs: &'a Attrs) -> OpSignature<'a> {
+        OpSignature { op, inputs, attrs }
+    }
+
+    #[test]
+    fn the_first_build_is_not_a_recompile_and_the_next_names_what_changed() {
+        let attrs = Attrs::new().with("dim", 1i64);
+        let small = [TensorType::new(DType::F32, [4, 7])];
+        let large = [TensorType::new(DType::F32, [8, 7])];
+        let half = [TensorType::new(DType::BF16, [8, 7])];
+        let id = 0x5eed_0001;
+        assert_eq!(note_build(id, &[sig("softmax", &small, &attrs)]), None);
+        let grown = note_build(id, &[sig("softmax", &large, &attrs)]).unwrap();
+        assert_eq!(grown.reason, RecompileReason::InputShape);
+        assert_eq!(
+            grown.detail,
+            "`softmax` input 0 dim 0: 4 -> 8 (f32[4, 7] -> f32[8, 7])"
+        );
+        assert_eq!(grown.builds, 2);
+        let cast = note_build(id, &[sig("softmax", &half, &attrs)]).unwrap();
+        assert_eq!(cast.reason, RecompileReason::InputDType);
+        assert_eq!(cast.detail, "`softmax` input 0 dtype: f32 -> bf16");
+        let other = Attrs::new().with("dim", 0i64);
+        let moved = note_build(id, &[sig("softmax", &half, &other)]).unwrap();
+        assert_eq!(moved.reason, RecompileReason::Attribute);
+        assert!(
+            moved.detail.starts_with("`softmax` attribute `dim`"),
+            "{}",
+            moved.detail
+        );
+        let again = note_build(id, &[sig("softmax", &half, &other)]).unwrap();
+        assert_eq!(again.reason, RecompileReason::Outputs);
+    }
+
+    #[test]
+    fn in_a_graph_the_changed_op_is_named_by_position() {
+        let none = Attrs::new();
+        let (a, b) = (
+            [TensorType::new(DType::F32, [2, 3])],
+            [TensorType::new(DType::F32, [2, 3, 1])],
+        );
+        let id = 0x5eed_0002;
+        note_build(id, &[sig("exp", &a, &none), sig("add", &a, &none)]);
+        let changed = note_build(id, &[sig("exp", &a, &none), sig("add", &b, &none)]).unwrap();
+        assert_eq!(changed.reason, RecompileReason::InputShape);
+        assert_eq!(
+            changed.detail,
+            "op 1 `add` input 0 rank: f32[2, 3] -> f32[2, 3, 1]"
+        );
+    }
+}
