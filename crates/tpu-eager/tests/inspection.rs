@@ -7,9 +7,8 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
-use tpu_core::autograd::GradTape;
 use tpu_core::metrics::{CutReason, metrics};
-use tpu_core::op::{Attrs, Var};
+use tpu_core::op::Attrs;
 use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy};
 use tpu_core::{Device, Tensor};
 use tpu_eager::{DeferAndFuse, DeferConfig};
@@ -209,35 +208,27 @@ impl Mlp {
 
     /// One training step; returns the loss.
     fn step(&mut self, x: &Tensor, y: &Tensor, lr: f64) -> f64 {
-        let mut tape = GradTape::new();
-        let p: Vec<Var> = self.params.iter().map(|t| tape.input(t.clone())).collect();
-        let mut h = tape.input(x.clone());
+        let p: Vec<tpu_rs::Tensor> = self
+            .params
+            .iter()
+            .map(|t| tpu_rs::Tensor::from_core(t.clone()).with_requires_grad(true))
+            .collect();
+        let mut h = tpu_rs::Tensor::from_core(x.clone());
         for layer in 0..3 {
-            let z = tape
-                .op1("matmul", &[h, p[2 * layer]], Attrs::new())
-                .unwrap();
-            let z = tape
-                .op1("add", &[z, p[2 * layer + 1]], Attrs::new())
-                .unwrap();
-            h = if layer < 2 {
-                tape.op1("relu", &[z], Attrs::new()).unwrap()
-            } else {
-                z
-            };
+            let z = (&h.matmul(&p[2 * layer]).unwrap() + &p[2 * layer + 1]).unwrap();
+            h = if layer < 2 { z.relu().unwrap() } else { z };
         }
-        let target = tape.input(y.clone());
-        let d = tape.op1("sub", &[h, target], Attrs::new()).unwrap();
-        let sq = tape.op1("mul", &[d, d], Attrs::new()).unwrap();
-        let loss = tape.op1("mean", &[sq], Attrs::new()).unwrap();
-        let grads = tape.grad(loss, None, &p).unwrap();
+        let d = (&h - &tpu_rs::Tensor::from_core(y.clone())).unwrap();
+        let loss = (&d * &d).unwrap().mean_all().unwrap();
+        loss.backward().unwrap();
         let lr = tensor(&[], vec![lr], Device::Tpu(0));
-        for (param, g) in self.params.iter_mut().zip(grads) {
-            let g = g.expect("every parameter gets a gradient");
-            *param = op("sub", &[param, &op("mul", &[&g, &lr])]);
+        for (param, p) in self.params.iter_mut().zip(&p) {
+            let g = p.grad().expect("every parameter gets a gradient");
+            *param = op("sub", &[param, &op("mul", &[g.value(), &lr])]);
         }
         // The end of an optimizer step: the update runs as its own graph.
         sync().unwrap();
-        values(tape.value(loss).unwrap())[0]
+        values(loss.value())[0]
     }
 }
 
