@@ -3,7 +3,6 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tpu_core::Runtime;
-use tpu_core::policy::EagerMode;
 
 use crate::error::{BridgeError, Result};
 use crate::kernels;
@@ -111,14 +110,13 @@ pub fn metrics(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// The eager mode in force: `strict`, `debug` or `defer_and_fuse`.
 #[pyfunction]
 pub fn eager_mode() -> PyResult<&'static str> {
-    Ok(kernels::mode()?.name())
+    Ok(kernels::policy_name()?)
 }
 
 /// Switches the eager mode (pending work runs first).
 #[pyfunction]
 pub fn set_eager_mode(mode: &str) -> PyResult<()> {
-    let mode: EagerMode = mode.parse().map_err(BridgeError::from)?;
-    Ok(kernels::set_mode(mode)?)
+    Ok(kernels::set_policy(mode)?)
 }
 
 /// Runs everything pending on the device.

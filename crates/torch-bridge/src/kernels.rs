@@ -15,9 +15,9 @@ use crate::error::{BridgeError, Result};
 
 static POLICY: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
 
-fn create(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
+fn create(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
     tpu_eager::link();
-    Ok(policy::new_policy(mode)?)
+    Ok(policy::new_policy(name)?)
 }
 
 /// The policy in force (created from the environment on first use).
@@ -26,7 +26,7 @@ pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
     if let Some(p) = slot.as_ref() {
         return Ok(p.clone());
     }
-    let instance = create(mode_from_env()?)?;
+    let instance = create(name_from_env()?)?;
     *slot = Some(instance.clone());
     Ok(instance)
 }
@@ -37,7 +37,7 @@ pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
 pub fn vjp_policy() -> Result<Arc<dyn ExecutionPolicy>> {
     static FUSED: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
     let policy = current()?;
-    if policy.mode() != EagerMode::Strict {
+    if policy.name() != EagerMode::Strict.name() {
         return Ok(policy);
     }
     let mut fused = FUSED.lock().unwrap_or_else(|e| e.into_inner());
@@ -45,37 +45,37 @@ pub fn vjp_policy() -> Result<Arc<dyn ExecutionPolicy>> {
         return Ok(p.clone());
     }
     // One instance for the process, so its compiled plans are reused.
-    let instance = create(EagerMode::DeferAndFuse)?;
+    let instance = create(EagerMode::DeferAndFuse.name())?;
     *fused = Some(instance.clone());
     Ok(instance)
 }
 
-/// The mode TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
+/// The policy TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
 /// is Debug, `TORCH_TPU_DEFER_AND_FUSE=1` is DeferAndFuse, else `TPU_RS_EAGER`.
-fn mode_from_env() -> Result<EagerMode> {
+fn name_from_env() -> Result<&'static str> {
     let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
     if on("TORCH_TPU_LAUNCH_BLOCKING") {
-        Ok(EagerMode::Debug)
+        Ok(EagerMode::Debug.name())
     } else if on("TORCH_TPU_DEFER_AND_FUSE") {
-        Ok(EagerMode::DeferAndFuse)
+        Ok(EagerMode::DeferAndFuse.name())
     } else {
-        Ok(EagerMode::from_env()?)
+        Ok(policy::policy_name_from_env()?)
     }
 }
 
-/// The mode in force.
-pub fn mode() -> Result<EagerMode> {
-    Ok(current()?.mode())
+/// The name of the policy in force.
+pub fn policy_name() -> Result<&'static str> {
+    Ok(current()?.name())
 }
 
-/// Switches mode: pending work of the old policy runs first.
-pub fn set_mode(mode: EagerMode) -> Result<()> {
+/// Switches policy: pending work of the old one runs first.
+pub fn set_policy(name: &str) -> Result<()> {
     let old = current()?;
-    if old.mode() == mode {
+    let instance = create(name)?;
+    if old.name() == instance.name() {
         return Ok(());
     }
     old.flush(tpu_core::metrics::CutReason::Sync)?;
-    let instance = create(mode)?;
     *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance);
     Ok(())
 }

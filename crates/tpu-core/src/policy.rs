@@ -1,7 +1,8 @@
 //! Execution policies: how ops on `tpu` tensors run. The trait lives here;
-//! the policies (Strict, Debug, DeferAndFuse) are submitted by the
-//! `tpu-eager` crate as [`PolicyFactory`] records and chosen by
-//! `TPU_RS_EAGER` or by a per-thread, nesting scope.
+//! policies register by name as [`PolicyFactory`] records (the `tpu-eager`
+//! crate submits the built-in `strict`, `debug` and `defer_and_fuse`, the
+//! [`EagerMode`]s) and are chosen by `TPU_RS_EAGER` or by a per-thread,
+//! nesting scope. A new policy needs no change here: submit a factory.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,7 +19,7 @@ use crate::profile::{self, CallSite};
 use crate::stablehlo::{Builder, TensorType, Value};
 use crate::tensor::Tensor;
 
-/// The eager modes.
+/// The built-in eager modes: the policies `tpu-eager` registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EagerMode {
     /// One compiled op at a time, asynchronous.
@@ -30,7 +31,7 @@ pub enum EagerMode {
 }
 
 impl EagerMode {
-    /// The name `TPU_RS_EAGER` takes.
+    /// The name its policy registers, which `TPU_RS_EAGER` takes.
     pub fn name(self) -> &'static str {
         match self {
             EagerMode::Strict => "strict",
@@ -39,18 +40,13 @@ impl EagerMode {
         }
     }
 
-    /// The mode `TPU_RS_EAGER` selects (`strict` when unset), read once per
-    /// process: every op outside a scope asks for it.
+    /// The built-in mode `TPU_RS_EAGER` selects (`strict` when unset); an
+    /// error when it names another registered policy or none.
     pub fn from_env() -> Result<EagerMode> {
-        static MODE: OnceLock<Result<EagerMode>> = OnceLock::new();
-        MODE.get_or_init(EagerMode::read_env).clone()
+        policy_name_from_env()?.parse()
     }
 
-    fn read_env() -> Result<EagerMode> {
-        EagerMode::from_lookup(&crate::settings::env)
-    }
-
-    /// The mode `TPU_RS_EAGER` names in `get` (`strict` when unset).
+    /// The built-in mode `TPU_RS_EAGER` names in `get` (`strict` when unset).
     pub fn from_lookup(get: crate::settings::Lookup<'_>) -> Result<EagerMode> {
         get("TPU_RS_EAGER")?.map_or(Ok(EagerMode::Strict), |v| v.parse())
     }
@@ -65,16 +61,26 @@ impl fmt::Display for EagerMode {
 impl FromStr for EagerMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<EagerMode> {
-        match s.to_ascii_lowercase().as_str() {
-            "strict" => Ok(EagerMode::Strict),
-            "debug" => Ok(EagerMode::Debug),
-            "defer_and_fuse" | "defer-and-fuse" | "deferandfuse" => Ok(EagerMode::DeferAndFuse),
-            _ => Err(crate::settings::invalid(
+        match builtin_name(s) {
+            Some("strict") => Ok(EagerMode::Strict),
+            Some("debug") => Ok(EagerMode::Debug),
+            Some(_) => Ok(EagerMode::DeferAndFuse),
+            None => Err(crate::settings::invalid(
                 "TPU_RS_EAGER",
                 s,
-                "is not an eager mode; use strict, debug or defer_and_fuse",
+                "is not a built-in eager mode; use strict, debug or defer_and_fuse",
             )),
         }
+    }
+}
+
+/// The built-in name `s` spells (any case; `defer-and-fuse` too).
+fn builtin_name(s: &str) -> Option<&'static str> {
+    match s.to_ascii_lowercase().as_str() {
+        "strict" => Some("strict"),
+        "debug" => Some("debug"),
+        "defer_and_fuse" | "defer-and-fuse" | "deferandfuse" => Some("defer_and_fuse"),
+        _ => None,
     }
 }
 
@@ -117,8 +123,8 @@ pub struct CollectiveCall<'a> {
 
 /// How ops on `tpu` tensors run.
 pub trait ExecutionPolicy: Send + Sync {
-    /// Which mode this is.
-    fn mode(&self) -> EagerMode;
+    /// The name it registers under (`strict`, ...).
+    fn name(&self) -> &'static str;
     /// Runs (or records) one op call, returning its outputs.
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>>;
     /// Computes `tensor`'s pending value (set with [`Tensor::set_value`]).
@@ -137,8 +143,8 @@ pub trait ExecutionPolicy: Send + Sync {
 
 /// A policy constructor submitted by a policy crate.
 pub struct PolicyFactory {
-    /// The mode it implements.
-    pub mode: EagerMode,
+    /// The name `TPU_RS_EAGER` and [`with_policy_named`] select it by.
+    pub name: &'static str,
     /// Creates a fresh instance (one per thread), or says which of its
     /// settings is malformed.
     pub create: fn() -> Result<Arc<dyn ExecutionPolicy>>,
@@ -147,53 +153,90 @@ pub struct PolicyFactory {
 inventory::collect!(PolicyFactory);
 
 thread_local! {
-    static INSTANCES: RefCell<HashMap<EagerMode, Arc<dyn ExecutionPolicy>>> = RefCell::new(HashMap::new());
+    static INSTANCES: RefCell<HashMap<&'static str, Arc<dyn ExecutionPolicy>>> = RefCell::new(HashMap::new());
     static SCOPES: RefCell<Vec<Arc<dyn ExecutionPolicy>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A new instance of `mode`, shared by no one (embedders that keep one
-/// policy across threads hold it; see [`EagerModeGuard::with_policy`]).
-pub fn new_policy(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
-    let factory = inventory::iter::<PolicyFactory>
+/// The names of the registered policies, sorted.
+pub fn policy_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = inventory::iter::<PolicyFactory>
         .into_iter()
-        .find(|f| f.mode == mode)
-        .ok_or_else(|| Error::InvalidOption {
-            option: "TPU_RS_EAGER",
-            reason: format!("no `{mode}` policy is linked in (the tpu-eager crate provides them)"),
-        })?;
-    (factory.create)()
+        .map(|f| f.name)
+        .collect();
+    names.sort_unstable();
+    names
 }
 
-/// This thread's instance of `mode`.
-pub fn policy_for(mode: EagerMode) -> Result<Arc<dyn ExecutionPolicy>> {
+/// The registered factory `name` selects (built-in names in any spelling).
+fn factory(name: &str) -> Result<&'static PolicyFactory> {
+    let wanted = builtin_name(name).unwrap_or(name);
+    inventory::iter::<PolicyFactory>
+        .into_iter()
+        .find(|f| f.name == wanted)
+        .ok_or_else(|| {
+            let known = policy_names().join(", ");
+            let hint = if known.is_empty() {
+                "none is linked in (the tpu-eager crate provides strict, debug and defer_and_fuse)"
+                    .to_string()
+            } else {
+                format!("registered: {known}")
+            };
+            crate::settings::invalid("TPU_RS_EAGER", name, &format!("names no policy; {hint}"))
+        })
+}
+
+/// The name of the policy `TPU_RS_EAGER` selects (`strict` when unset),
+/// read once per process: every op outside a scope asks for it.
+pub fn policy_name_from_env() -> Result<&'static str> {
+    static NAME: OnceLock<Result<&'static str>> = OnceLock::new();
+    NAME.get_or_init(|| match crate::settings::env("TPU_RS_EAGER")? {
+        Some(name) => Ok(factory(&name)?.name),
+        None => Ok(EagerMode::Strict.name()),
+    })
+    .clone()
+}
+
+/// A new instance of policy `name`, shared by no one (embedders that keep
+/// one policy across threads hold it; see [`EagerModeGuard::with_policy`]).
+pub fn new_policy(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
+    (factory(name)?.create)()
+}
+
+/// This thread's instance of policy `name`.
+pub fn policy_for(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
+    let name = factory(name)?.name;
     INSTANCES.with(|instances| {
-        if let Some(p) = instances.borrow().get(&mode) {
+        if let Some(p) = instances.borrow().get(name) {
             return Ok(p.clone());
         }
-        let policy = new_policy(mode)?;
-        instances.borrow_mut().insert(mode, policy.clone());
+        let policy = new_policy(name)?;
+        instances.borrow_mut().insert(name, policy.clone());
         Ok(policy)
     })
 }
 
 /// The policy in force on this thread: the innermost scope's, else this
-/// thread's instance of the `TPU_RS_EAGER` mode.
+/// thread's instance of the policy `TPU_RS_EAGER` names.
 pub fn current_policy() -> Result<Arc<dyn ExecutionPolicy>> {
     match SCOPES.with(|s| s.borrow().last().cloned()) {
         Some(policy) => Ok(policy),
-        None => policy_for(EagerMode::from_env()?),
+        None => policy_for(policy_name_from_env()?),
     }
 }
 
-/// The mode in force on this thread.
-pub fn current_mode() -> Result<EagerMode> {
-    Ok(current_policy()?.mode())
+/// The name of the policy in force on this thread.
+pub fn current_policy_name() -> Result<&'static str> {
+    Ok(current_policy()?.name())
 }
 
 /// Runs `f` with `mode` in force on this thread; scopes nest.
 pub fn with_eager_mode<R>(mode: EagerMode, f: impl FnOnce() -> R) -> Result<R> {
-    let _guard = EagerModeGuard::new(mode)?;
-    Ok(f())
+    with_policy_named(mode.name(), f)
+}
+
+/// Runs `f` with this thread's instance of policy `name` in force.
+pub fn with_policy_named<R>(name: &str, f: impl FnOnce() -> R) -> Result<R> {
+    Ok(with_policy(policy_for(name)?, f))
 }
 
 /// Runs `f` with a specific policy instance in force on this thread.
@@ -211,7 +254,7 @@ pub struct EagerModeGuard {
 impl EagerModeGuard {
     /// Enters `mode` (this thread's instance of it).
     pub fn new(mode: EagerMode) -> Result<EagerModeGuard> {
-        Ok(EagerModeGuard::with_policy(policy_for(mode)?))
+        Ok(EagerModeGuard::with_policy(policy_for(mode.name())?))
     }
 
     /// Enters a specific policy instance.

@@ -114,8 +114,8 @@ impl Debug {
 }
 
 impl ExecutionPolicy for Debug {
-    fn mode(&self) -> EagerMode {
-        EagerMode::Debug
+    fn name(&self) -> &'static str {
+        EagerMode::Debug.name()
     }
 
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {

@@ -20,23 +20,23 @@ use std::sync::Arc;
 pub use debug::{Debug, DebugChecks};
 pub use defer::{DeferAndFuse, DeferConfig};
 pub use strict::Strict;
-use tpu_core::policy::{EagerMode, ExecutionPolicy, PolicyFactory};
+use tpu_core::policy::{ExecutionPolicy, PolicyFactory};
 
 inventory::submit! {
     PolicyFactory {
-        mode: EagerMode::Strict,
+        name: "strict",
         create: || Ok(Arc::new(Strict::new()) as Arc<dyn ExecutionPolicy>),
     }
 }
 inventory::submit! {
     PolicyFactory {
-        mode: EagerMode::Debug,
+        name: "debug",
         create: || Ok(Arc::new(Debug::from_env()?) as Arc<dyn ExecutionPolicy>),
     }
 }
 inventory::submit! {
     PolicyFactory {
-        mode: EagerMode::DeferAndFuse,
+        name: "defer_and_fuse",
         create: || Ok(DeferAndFuse::new(DeferConfig::from_env()?) as Arc<dyn ExecutionPolicy>),
     }
 }

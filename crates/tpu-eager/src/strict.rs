@@ -138,8 +138,8 @@ impl Strict {
 }
 
 impl ExecutionPolicy for Strict {
-    fn mode(&self) -> EagerMode {
-        EagerMode::Strict
+    fn name(&self) -> &'static str {
+        EagerMode::Strict.name()
     }
 
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {

@@ -8,10 +8,16 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tpu_core::op::Attrs;
-use tpu_core::policy::{EagerMode, current_mode, with_eager_mode, with_policy};
+
+use tpu_core::metrics::CutReason;
+use tpu_core::policy::{
+    EagerMode, ExecutionPolicy, OpCall, PolicyFactory, current_policy_name, policy_names,
+    with_eager_mode, with_policy, with_policy_named,
+};
 use tpu_core::{Device, Error, Tensor};
-use tpu_eager::{Debug, DebugChecks};
+use tpu_eager::{Debug, DebugChecks, Strict};
 
 /// A random program: each step applies an op to earlier values.
 #[derive(Clone, Debug)]
@@ -164,19 +170,78 @@ fn debug_names_the_op_and_the_call_site_of_non_finite_values() {
 #[test]
 fn scopes_nest_and_are_per_thread() {
     with_eager_mode(EagerMode::DeferAndFuse, || {
-        assert_eq!(current_mode().unwrap(), EagerMode::DeferAndFuse);
+        assert_eq!(current_policy_name().unwrap(), "defer_and_fuse");
         with_eager_mode(EagerMode::Debug, || {
-            assert_eq!(current_mode().unwrap(), EagerMode::Debug)
+            assert_eq!(current_policy_name().unwrap(), "debug")
         })
         .unwrap();
-        assert_eq!(current_mode().unwrap(), EagerMode::DeferAndFuse);
-        let other = std::thread::spawn(|| current_mode().unwrap())
+        assert_eq!(current_policy_name().unwrap(), "defer_and_fuse");
+        let other = std::thread::spawn(|| current_policy_name().unwrap())
             .join()
             .unwrap();
-        assert_eq!(other, EagerMode::from_env().unwrap());
+        assert_eq!(other, EagerMode::from_env().unwrap().name());
     })
     .unwrap();
     assert!("fused".parse::<EagerMode>().is_err());
+}
+
+/// A policy from outside tpu-eager: Strict, counting the ops it runs.
+struct Counting {
+    strict: Strict,
+    ops: AtomicUsize,
+}
+
+impl ExecutionPolicy for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn dispatch(&self, call: OpCall<'_>) -> tpu_core::Result<Vec<Tensor>> {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.strict.dispatch(call)
+    }
+    fn materialize(&self, tensor: &Tensor) -> tpu_core::Result<()> {
+        self.strict.materialize(tensor)
+    }
+    fn flush(&self, reason: CutReason) -> tpu_core::Result<()> {
+        self.strict.flush(reason)
+    }
+}
+
+static COUNTING: std::sync::OnceLock<Arc<Counting>> = std::sync::OnceLock::new();
+
+inventory::submit! {
+    PolicyFactory {
+        name: "counting",
+        create: || {
+            let shared = COUNTING.get_or_init(|| {
+                Arc::new(Counting { strict: Strict::new(), ops: AtomicUsize::new(0) })
+            });
+            Ok(shared.clone() as Arc<dyn ExecutionPolicy>)
+        },
+    }
+}
+
+#[test]
+fn a_policy_registered_by_name_is_selected_by_name() {
+    assert!(policy_names().contains(&"counting"), "{:?}", policy_names());
+    let x = ramp(&[4], 0.5, Device::Tpu(0));
+    let y = with_policy_named("counting", || {
+        assert_eq!(current_policy_name().unwrap(), "counting");
+        op("exp", &[&op("neg", &[&x])])
+    })
+    .unwrap();
+    assert!(COUNTING.get().unwrap().ops.load(Ordering::Relaxed) >= 2);
+    let expected: Vec<f64> = values(&x).iter().map(|v| (-v).exp()).collect();
+    for (a, b) in values(&y).iter().zip(&expected) {
+        assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    let err = with_policy_named("nonesuch", || ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("nonesuch") && err.contains("counting") && err.contains("strict"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -258,7 +258,10 @@ fn a_var_from_another_tape_is_an_error_not_another_tapes_value() {
     assert!(err.contains("another"), "{err}");
     // A backward rule given another tape's gradient refuses it too.
     let neg = tpu_core::op::registry().unwrap().get("neg").unwrap();
-    assert!(a.backward_rule(neg, &Attrs::new(), &[x], &[x], &[y]).is_err());
+    assert!(
+        a.backward_rule(neg, &Attrs::new(), &[x], &[x], &[y])
+            .is_err()
+    );
 
     let mut host = HostTape::new();
     let mut other = HostTape::new();

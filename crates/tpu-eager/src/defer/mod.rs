@@ -664,8 +664,8 @@ fn blame(graph: &Graph, needed: &[bool], device: usize, error: Error) -> Error {
 }
 
 impl ExecutionPolicy for DeferAndFuse {
-    fn mode(&self) -> EagerMode {
-        EagerMode::DeferAndFuse
+    fn name(&self) -> &'static str {
+        EagerMode::DeferAndFuse.name()
     }
 
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {
