@@ -107,10 +107,7 @@ impl Metrics {
 
     /// Graphs cut for `reason`.
     pub fn cuts(&self, reason: CutReason) -> u64 {
-        self.graphs_cut
-            .iter()
-            .find(|(r, _)| *r == reason)
-            .map_or(0, |(_, n)| *n)
+        count_for(&self.graphs_cut, reason)
     }
 
     /// Total recompiles.
@@ -120,11 +117,15 @@ impl Metrics {
 
     /// Recompiles for `reason`.
     pub fn recompiles(&self, reason: RecompileReason) -> u64 {
-        self.recompiles_by_reason
-            .iter()
-            .find(|(r, _)| *r == reason)
-            .map_or(0, |(_, n)| *n)
+        count_for(&self.recompiles_by_reason, reason)
     }
+}
+
+fn count_for<K: PartialEq>(counts: &[(K, u64)], key: K) -> u64 {
+    counts
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(0, |(_, n)| *n)
 }
 
 /// The counters now.
