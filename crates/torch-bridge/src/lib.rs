@@ -12,6 +12,7 @@ mod args;
 mod device;
 mod dist;
 mod error;
+mod interrupt;
 mod kernels;
 mod ops;
 mod profile;
@@ -88,5 +89,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profile::profile_stop, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_recording, m)?)?;
     m.add_function(wrap_pyfunction!(profile::metrics_report, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt::request_interrupt, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt::withdraw_interrupt, m)?)?;
+    m.add_function(wrap_pyfunction!(interrupt::interrupt_requested, m)?)?;
     Ok(())
 }

@@ -301,6 +301,30 @@ def test_ctrl_c_exits_promptly_and_leaves_the_cache_usable(tmp_path, mode, when)
         assert result["metrics"]["disk_cache_hits"] > 0, result["metrics"]
 
 
+@pytest.mark.parametrize("waiting", ["time.sleep(60)", "input()", "while True: pass"])
+def test_ctrl_c_still_interrupts_code_that_is_not_running_ops(waiting):
+    """The bridge's SIGINT handler (which keeps KeyboardInterrupt out of
+    torch's no-throw C++) still interrupts a sleep, a read and a busy
+    loop within a second."""
+    code = f"import time, torch\nx = torch.ones(2, device='tpu').sum().item()\nprint('ready', flush=True)\n{waiting}\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=child_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        returncode = proc.wait(timeout=10)
+        # The interpreter's own exit takes part of it.
+        assert time.monotonic() - sent < 3.0
+        assert_keyboard_interrupt(returncode, proc.stderr.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 # --- d. soak -------------------------------------------------------------------
 
 SOAK_STEPS, SOAK_EVERY, SOAK_WARMUP = 300, 50, 100

@@ -3,7 +3,7 @@
 import torch
 from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import tpu
+from . import _interrupt, tpu
 
 
 class _Hooks(torch._C._acc.PrivateUse1Hooks):
@@ -65,6 +65,7 @@ def register():
         return
     _registered = True
     _setup_privateuseone_for_python_backend("tpu", tpu, _Hooks(), _Guard())
+    _interrupt.install()
     torch.Tensor.__reduce_ex__ = _reduce_ex(torch.Tensor.__reduce_ex__)
     torch.nn.Parameter.__reduce_ex__ = _reduce_ex(torch.nn.Parameter.__reduce_ex__)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
