@@ -71,11 +71,11 @@ pub fn policy_name() -> Result<&'static str> {
 /// Switches policy: pending work of the old one runs first.
 pub fn set_policy(name: &str) -> Result<()> {
     let old = current()?;
-    let instance = create(name)?;
-    if old.name() == instance.name() {
+    if old.name() == policy::registered_name(name)? {
         return Ok(());
     }
     old.flush(tpu_core::metrics::CutReason::Sync)?;
+    let instance = create(name)?;
     *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance);
     Ok(())
 }

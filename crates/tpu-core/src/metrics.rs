@@ -71,6 +71,9 @@ static RECOMPILES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static TO_DEVICE_BYTES: AtomicU64 = AtomicU64::new(0);
 static TO_HOST_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// The trace counter of live device bytes.
+const LIVE_BYTES_COUNTER: &str = "live device bytes";
+
 /// A snapshot of the counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
@@ -136,16 +139,8 @@ pub fn metrics() -> Metrics {
         disk_hits: DISK_HITS.load(Ordering::Relaxed),
         compile_time: Duration::from_nanos(COMPILE_NANOS.load(Ordering::Relaxed)),
         executions: EXECUTIONS.load(Ordering::Relaxed),
-        graphs_cut: CutReason::ALL
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (*r, CUTS[i].load(Ordering::Relaxed)))
-            .collect(),
-        recompiles_by_reason: RecompileReason::ALL
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (*r, RECOMPILES[i].load(Ordering::Relaxed)))
-            .collect(),
+        graphs_cut: by_reason(&CutReason::ALL, &CUTS),
+        recompiles_by_reason: by_reason(&RecompileReason::ALL, &RECOMPILES),
         host_to_device_bytes: TO_DEVICE_BYTES.load(Ordering::Relaxed),
         device_to_host_bytes: TO_HOST_BYTES.load(Ordering::Relaxed),
         live_device_bytes: LIVE_BYTES.load(Ordering::Relaxed),
@@ -179,21 +174,28 @@ pub(crate) fn record_execution() {
     EXECUTIONS.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Each of `reasons` with its counter (`counters[i]` counts `reasons[i]`).
+fn by_reason<R: Copy>(reasons: &[R], counters: &[AtomicU64]) -> Vec<(R, u64)> {
+    reasons
+        .iter()
+        .zip(counters)
+        .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+        .collect()
+}
+
+/// Adds one to the counter of `reason` among `reasons`.
+fn count<R: PartialEq>(reasons: &[R], counters: &[AtomicU64], reason: R) {
+    let i = reasons.iter().position(|r| *r == reason).unwrap_or(0);
+    counters[i].fetch_add(1, Ordering::Relaxed);
+}
+
 /// Counts a cut of a deferred graph.
 pub fn record_graph_cut(reason: CutReason) {
-    let i = CutReason::ALL
-        .iter()
-        .position(|r| *r == reason)
-        .unwrap_or(0);
-    CUTS[i].fetch_add(1, Ordering::Relaxed);
+    count(&CutReason::ALL, &CUTS, reason);
 }
 
 pub(crate) fn record_recompile(reason: RecompileReason) {
-    let i = RecompileReason::ALL
-        .iter()
-        .position(|r| *r == reason)
-        .unwrap_or(0);
-    RECOMPILES[i].fetch_add(1, Ordering::Relaxed);
+    count(&RecompileReason::ALL, &RECOMPILES, reason);
 }
 
 pub(crate) fn record_to_device(bytes: u64) {
@@ -207,19 +209,19 @@ pub(crate) fn record_to_host(bytes: u64) {
 pub(crate) fn device_alloc(bytes: u64) {
     let live = LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK_BYTES.fetch_max(live, Ordering::Relaxed);
-    profile::counter("live device bytes", live);
+    profile::counter(LIVE_BYTES_COUNTER, live);
 }
 
 pub(crate) fn device_free(bytes: u64) {
     let live = LIVE_BYTES
         .fetch_sub(bytes, Ordering::Relaxed)
         .saturating_sub(bytes);
-    profile::counter("live device bytes", live);
+    profile::counter(LIVE_BYTES_COUNTER, live);
 }
 
 /// Puts the live bytes in the trace (when one starts).
 pub(crate) fn note_live_bytes() {
-    profile::counter("live device bytes", LIVE_BYTES.load(Ordering::Relaxed));
+    profile::counter(LIVE_BYTES_COUNTER, LIVE_BYTES.load(Ordering::Relaxed));
 }
 
 /// The process's activity as a report: the summary of the trace being (or
@@ -233,18 +235,6 @@ pub fn report() -> String {
             "top ops by time: no trace recorded (TPU_RS_PROFILE=FILE or a profile scope)\n",
         ),
     }
-    let by = |pairs: Vec<(&str, u64)>| {
-        let shown: Vec<String> = pairs
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        if shown.is_empty() {
-            "none".to_string()
-        } else {
-            shown.join(", ")
-        }
-    };
     out.push_str(&format!(
         "process totals: {} compiles ({:.2} s), {} in-memory and {} disk cache hits, {} launches\n",
         m.compiles,
@@ -255,14 +245,11 @@ pub fn report() -> String {
     ));
     out.push_str(&format!(
         "  graph cuts: {}\n",
-        by(m.graphs_cut.iter().map(|(r, n)| (r.name(), *n)).collect())
+        profile::summary::by_count(m.graphs_cut.iter().map(|(r, n)| (r.name(), *n)))
     ));
     out.push_str(&format!(
         "  recompiles: {}\n",
-        by(m.recompiles_by_reason
-            .iter()
-            .map(|(r, n)| (r.name(), *n))
-            .collect())
+        profile::summary::by_count(m.recompiles_by_reason.iter().map(|(r, n)| (r.name(), *n)))
     ));
     out.push_str(&format!(
         "  transfers: {} to devices, {} to the host\n",

@@ -61,16 +61,17 @@ impl fmt::Display for EagerMode {
 impl FromStr for EagerMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<EagerMode> {
-        match builtin_name(s) {
-            Some("strict") => Ok(EagerMode::Strict),
-            Some("debug") => Ok(EagerMode::Debug),
-            Some(_) => Ok(EagerMode::DeferAndFuse),
-            None => Err(crate::settings::invalid(
-                "TPU_RS_EAGER",
-                s,
-                "is not a built-in eager mode; use strict, debug or defer_and_fuse",
-            )),
-        }
+        let name = builtin_name(s);
+        [EagerMode::Strict, EagerMode::Debug, EagerMode::DeferAndFuse]
+            .into_iter()
+            .find(|mode| Some(mode.name()) == name)
+            .ok_or_else(|| {
+                crate::settings::invalid(
+                    "TPU_RS_EAGER",
+                    s,
+                    "is not a built-in eager mode; use strict, debug or defer_and_fuse",
+                )
+            })
     }
 }
 
@@ -190,7 +191,7 @@ fn factory(name: &str) -> Result<&'static PolicyFactory> {
 pub fn policy_name_from_env() -> Result<&'static str> {
     static NAME: OnceLock<Result<&'static str>> = OnceLock::new();
     NAME.get_or_init(|| match crate::settings::env("TPU_RS_EAGER")? {
-        Some(name) => Ok(factory(&name)?.name),
+        Some(name) => registered_name(&name),
         None => Ok(EagerMode::Strict.name()),
     })
     .clone()
@@ -202,10 +203,21 @@ pub fn new_policy(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
     (factory(name)?.create)()
 }
 
+/// The name policy `name` registered under (`defer-and-fuse` is
+/// `defer_and_fuse`), or an error naming the registered ones.
+pub fn registered_name(name: &str) -> Result<&'static str> {
+    Ok(factory(name)?.name)
+}
+
 /// This thread's instance of policy `name`.
 pub fn policy_for(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
-    let name = factory(name)?.name;
     INSTANCES.with(|instances| {
+        // Every op outside a scope comes here: a registered name is found
+        // without resolving it.
+        if let Some(p) = instances.borrow().get(name) {
+            return Ok(p.clone());
+        }
+        let name = registered_name(name)?;
         if let Some(p) = instances.borrow().get(name) {
             return Ok(p.clone());
         }

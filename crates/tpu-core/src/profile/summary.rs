@@ -226,9 +226,10 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-fn by_count(counts: &BTreeMap<String, u64>) -> String {
-    let mut sorted: Vec<_> = counts.iter().filter(|(_, n)| **n > 0).collect();
-    sorted.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+/// `name n, ...` for the nonzero counts, most first; `none` without any.
+pub(crate) fn by_count<'a>(counts: impl IntoIterator<Item = (&'a str, u64)>) -> String {
+    let mut sorted: Vec<(&str, u64)> = counts.into_iter().filter(|(_, n)| *n > 0).collect();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     if sorted.is_empty() {
         return "none".into();
     }
@@ -286,8 +287,16 @@ impl fmt::Display for Summary {
             self.launches.count,
             self.launches.micros / 1e3
         )?;
-        writeln!(f, "graph cuts: {}", by_count(&self.cuts))?;
-        writeln!(f, "recompiles: {}", by_count(&self.recompiles))?;
+        writeln!(
+            f,
+            "graph cuts: {}",
+            by_count(self.cuts.iter().map(|(k, n)| (k.as_str(), *n)))
+        )?;
+        writeln!(
+            f,
+            "recompiles: {}",
+            by_count(self.recompiles.iter().map(|(k, n)| (k.as_str(), *n)))
+        )?;
         let transfers: Vec<String> = self
             .transfers
             .iter()
