@@ -1,10 +1,16 @@
 //! Errors crossing into Python: tpu-rs errors keep their text (which names
 //! the op, shapes and device) and become `torch_tpu_rs.TpuError`, a
-//! `RuntimeError`.
+//! `RuntimeError`, or the subclass that is also the exception PyTorch raises
+//! for that kind of mistake: `TpuIndexError` (an `IndexError`) for a
+//! dimension or index out of range, `TpuNotImplementedError` (a
+//! `NotImplementedError`) for a call an op does not implement.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
+use pyo3::exceptions::{PyIndexError, PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
+use tpu_core::op::OpErrorKind;
 
 create_exception!(
     _C,
@@ -53,7 +59,7 @@ impl From<PyErr> for BridgeError {
 impl From<BridgeError> for PyErr {
     fn from(e: BridgeError) -> PyErr {
         match e {
-            BridgeError::Core(e) => TpuError::new_err(e.to_string()),
+            BridgeError::Core(e) => Python::attach(|py| core_error(py, &e)),
             BridgeError::Unsupported(msg) => PyNotImplementedError::new_err(msg),
             BridgeError::Device(msg) => PyRuntimeError::new_err(msg),
             BridgeError::Python(e) => e,
@@ -61,5 +67,65 @@ impl From<BridgeError> for PyErr {
                 TpuError::new_err(format!("torch_tpu_rs internal error: {msg}"))
             }
         }
+    }
+}
+
+static INDEX_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static NOT_IMPLEMENTED_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// `TpuIndexError`: a `TpuError` that is also an `IndexError`.
+pub fn index_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    let doc = "A dimension or index out of range on the tpu device.";
+    tpu_error_subclass(
+        py,
+        &INDEX_ERROR,
+        "TpuIndexError",
+        py.get_type::<PyIndexError>(),
+        doc,
+    )
+}
+
+/// `TpuNotImplementedError`: a `TpuError` that is also a `NotImplementedError`.
+pub fn not_implemented_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    let doc = "A call an op on the tpu device does not implement (a dtype, a mode).";
+    tpu_error_subclass(
+        py,
+        &NOT_IMPLEMENTED_ERROR,
+        "TpuNotImplementedError",
+        py.get_type::<PyNotImplementedError>(),
+        doc,
+    )
+}
+
+/// A subclass of both `TpuError` and `base`, made once: `except TpuError`
+/// and PyTorch users' `except IndexError` both catch it.
+fn tpu_error_subclass<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    base: Bound<'py, PyType>,
+    doc: &str,
+) -> PyResult<&'py Bound<'py, PyType>> {
+    let class = cell.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        let dict = PyDict::new(py);
+        dict.set_item("__module__", "torch_tpu_rs")?;
+        dict.set_item("__doc__", doc)?;
+        let bases = (py.get_type::<TpuError>(), base);
+        let class = py.get_type::<PyType>().call1((name, bases, dict))?;
+        Ok(class.cast_into::<PyType>()?.unbind())
+    })?;
+    Ok(class.bind(py))
+}
+
+/// The Python exception for a tpu-rs error: its kind picks the class.
+fn core_error(py: Python<'_>, e: &tpu_core::Error) -> PyErr {
+    let class = match e.op_error_kind() {
+        Some(OpErrorKind::OutOfRange) => index_error(py),
+        Some(OpErrorKind::Unsupported) => not_implemented_error(py),
+        Some(OpErrorKind::Invalid) | None => return TpuError::new_err(e.to_string()),
+    };
+    match class {
+        Ok(class) => PyErr::from_type(class.clone(), e.to_string()),
+        Err(failed) => failed,
     }
 }

@@ -51,6 +51,11 @@ fn op_names() -> PyResult<Vec<&'static str>> {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tpu_eager::link();
     m.add("TpuError", m.py().get_type::<TpuError>())?;
+    m.add("TpuIndexError", error::index_error(m.py())?)?;
+    m.add(
+        "TpuNotImplementedError",
+        error::not_implemented_error(m.py())?,
+    )?;
     m.add(
         "RecompileWarning",
         m.py().get_type::<profile::RecompileWarning>(),

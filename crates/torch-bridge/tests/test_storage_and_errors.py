@@ -49,6 +49,36 @@ def test_a_device_index_past_the_plugin_raises():
         torch.zeros(2, device=f"tpu:{count + 3}")
 
 
+BAD_CALLS = {
+    "dim out of range": (lambda x: x.sum(5), r"op `sum` on tpu:0 with inputs \(f32\[2, 3\]\): dimension 5 is out of range"),
+    "shape mismatch": (lambda x: x @ x, "op `matmul` .* cannot be multiplied"),
+    "dtype not implemented": (lambda x: x.int().softmax(0), r"op `softmax` .*i32\[2, 3\].*needs a float dtype"),
+    "float bits": (lambda x: x.bitwise_and(x), "op `bitwise_and` .*got f32"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_op_errors_are_the_exception_class_the_cpu_raises(mode, case):
+    """The exception is a `TpuError` naming the op, shapes and device, and an
+    instance of the class PyTorch CPU raises for the same call (IndexError
+    for a dimension out of range, RuntimeError for the rest; an op that does
+    not implement a dtype raises NotImplementedError, a RuntimeError)."""
+    import torch_tpu_rs
+
+    call, message = BAD_CALLS[case]
+    x = torch.randn(2, 3)
+    with pytest.raises(Exception) as on_cpu:
+        call(x)
+    with pytest.raises(torch_tpu_rs.TpuError, match=message) as on_tpu:
+        call(x.to("tpu"))
+    assert isinstance(on_tpu.value, type(on_cpu.value)), (type(on_tpu.value), type(on_cpu.value))
+    if case == "dim out of range":
+        assert isinstance(on_tpu.value, torch_tpu_rs.TpuIndexError)
+    if case == "dtype not implemented":
+        assert isinstance(on_tpu.value, torch_tpu_rs.TpuNotImplementedError)
+    assert_close(x.to("tpu").sum(1), x.sum(1))  # the device still computes
+
+
 def test_debug_raises_index_error_for_out_of_range_indices():
     x = torch.randn(4, 3).to("tpu")
     with torch.tpu.set_eager_mode("debug"):

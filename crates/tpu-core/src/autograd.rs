@@ -6,7 +6,7 @@
 
 use crate::Device;
 use crate::error::{Error, Result};
-use crate::op::{Attrs, OpDef, OpResult, Tape, TapeValues, Var, VjpArgs};
+use crate::op::{Attrs, OpDef, OpError, OpErrorKind, OpResult, Tape, TapeValues, Var, VjpArgs};
 use crate::policy::call;
 use crate::stablehlo::TensorType;
 use crate::tensor::Tensor;
@@ -55,6 +55,7 @@ impl GradTape {
         match outs.len() {
             1 => Ok(outs.remove(0)),
             n => Err(Error::InvalidInput {
+                kind: OpErrorKind::Invalid,
                 op: name.to_string(),
                 inputs: String::new(),
                 device: String::new(),
@@ -82,7 +83,8 @@ impl GradTape {
             grads,
             attrs,
         };
-        vjp(self as &mut dyn Tape, &args).map_err(|reason| Error::InvalidInput {
+        vjp(self as &mut dyn Tape, &args).map_err(|e| Error::InvalidInput {
+            kind: e.kind,
             op: op.name.to_string(),
             inputs: inputs
                 .iter()
@@ -95,7 +97,7 @@ impl GradTape {
                 .and_then(|&v| self.value(v).ok())
                 .map(|t| t.device().to_string())
                 .unwrap_or_default(),
-            reason: format!("backward rule failed: {reason}"),
+            reason: format!("backward rule failed: {}", e.message),
         })
     }
 }
@@ -109,10 +111,10 @@ impl Tape for GradTape {
                 .iter()
                 .next()
                 .map_or(Device::Cpu, Tensor::device);
-            let outs = call(op, &[], &attrs, Some(device)).map_err(|e| e.to_string())?;
+            let outs = call(op, &[], &attrs, Some(device))?;
             return Ok(outs.into_iter().map(|t| self.input(t)).collect());
         }
-        self.op(op, inputs, attrs).map_err(|e| e.to_string())
+        Ok(self.op(op, inputs, attrs)?)
     }
 
     fn ty(&self, v: Var) -> OpResult<TensorType> {
@@ -121,11 +123,12 @@ impl Tape for GradTape {
 }
 
 /// A [`Var`] that is not on the tape it was given to.
-fn foreign_var(reason: String) -> Error {
+fn foreign_var(e: OpError) -> Error {
     Error::InvalidInput {
+        kind: e.kind,
         op: "grad tape".to_string(),
         inputs: String::new(),
         device: String::new(),
-        reason,
+        reason: e.message,
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::op::OpErrorKind;
 use crate::{DType, Shape};
 
 /// Result with tpu-core's [`Error`].
@@ -154,6 +155,8 @@ pub enum Error {
     /// An op called with inputs or attributes it cannot take.
     #[error("op `{op}` on {device} with inputs ({inputs}): {reason}")]
     InvalidInput {
+        /// What kind of mistake (which Python exception fits).
+        kind: OpErrorKind,
         /// The op.
         op: String,
         /// The input types, e.g. `f32[2, 3], f32[4]`.
@@ -263,6 +266,18 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+}
+
+impl Error {
+    /// The kind of an op's rejection of its call, for this error or the
+    /// op error it wraps; `None` for failures that are not the call's fault.
+    pub fn op_error_kind(&self) -> Option<OpErrorKind> {
+        match self {
+            Error::InvalidInput { kind, .. } => Some(*kind),
+            Error::OpFailed { source, .. } => source.op_error_kind(),
+            _ => None,
+        }
+    }
 }
 
 /// `" (ranks 1, 3 did not arrive)"`, or nothing when none are known.

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use crate::Device;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
-use crate::op::{Attrs, OpDef, OpId, check_inputs, registry, run_reference};
+use crate::op::{Attrs, OpDef, OpErrorKind, OpId, OpResult, check_inputs, registry, run_reference};
 use crate::profile::{self, CallSite};
 use crate::stablehlo::{Builder, TensorType, Value};
 use crate::tensor::Tensor;
@@ -105,8 +105,7 @@ pub struct OpCall<'a> {
 }
 
 /// Lowers a collective's body for one member: its input, its output.
-pub type LowerCollective<'a> =
-    &'a dyn Fn(&mut Builder, &Value) -> std::result::Result<Value, String>;
+pub type LowerCollective<'a> = &'a dyn Fn(&mut Builder, &Value) -> OpResult<Value>;
 
 /// A collective over several devices, one input per member, offered to
 /// the policy holding its pending inputs so it can run in the same
@@ -304,6 +303,7 @@ fn device_of(op: &OpDef, inputs: &[Tensor], device: Option<Device>) -> Result<De
             None => found = Some(t.device()),
             Some(d) if d != t.device() => {
                 return Err(Error::InvalidInput {
+                    kind: OpErrorKind::Invalid,
                     op: op.name.to_string(),
                     inputs: inputs
                         .iter()

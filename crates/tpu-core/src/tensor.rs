@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
+use crate::op::OpErrorKind;
 use crate::pjrt::Buffer;
 use crate::policy::ExecutionPolicy;
 use crate::stablehlo::TensorType;
@@ -111,6 +112,7 @@ impl Tensor {
     pub fn reshaped(buffer: Arc<Buffer>, ty: TensorType) -> Result<Tensor> {
         if buffer.dtype() != ty.dtype || buffer.shape().numel() != ty.shape.numel() {
             return Err(Error::InvalidInput {
+                kind: OpErrorKind::Invalid,
                 op: "reshape".into(),
                 inputs: format!("{}{}", buffer.dtype(), buffer.shape()),
                 device: Device::Tpu(buffer.device()).to_string(),
@@ -209,6 +211,7 @@ impl Tensor {
                     p.policy.materialize(self)?;
                     if self.is_pending() {
                         return Err(Error::InvalidInput {
+                            kind: OpErrorKind::Invalid,
                             op: "materialize".into(),
                             inputs: self.ty().to_string(),
                             device: self.device().to_string(),
@@ -218,6 +221,7 @@ impl Tensor {
                 }
                 TensorValue::Host(_) => {
                     return Err(Error::InvalidInput {
+                        kind: OpErrorKind::Invalid,
                         op: "buffer".into(),
                         inputs: self.ty().to_string(),
                         device: self.device().to_string(),

@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use tpu_core::metrics::CutReason;
+use tpu_core::op::OpResult;
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions};
 use tpu_core::policy::{CollectiveCall, ExecutionPolicy};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{Error, Result, Runtime, Tensor, TensorValue};
+use tpu_core::{Error, Result, Runtime, Tensor, TensorValue, invalid, out_of_range};
 
 use crate::{DeviceGroup, ReduceOp};
 
@@ -44,11 +45,13 @@ fn one_group(n: usize) -> String {
 }
 
 /// A dimension within `rank`, or why not.
-pub(crate) fn check_dim(what: &str, dim: usize, rank: usize) -> std::result::Result<(), String> {
+pub(crate) fn check_dim(what: &str, dim: usize, rank: usize) -> OpResult<()> {
     if dim < rank {
         Ok(())
     } else {
-        Err(format!("{what} {dim} is out of range for rank {rank}"))
+        Err(out_of_range!(
+            "{what} {dim} is out of range for rank {rank}"
+        ))
     }
 }
 
@@ -60,9 +63,9 @@ fn with_dim(dims: &[usize], dim: usize, size: usize) -> Vec<usize> {
 }
 
 /// A block of `n` equal parts along `dim`, or why `dims` does not split so.
-pub(crate) fn split(dims: &[usize], dim: usize, n: usize) -> std::result::Result<usize, String> {
+pub(crate) fn split(dims: &[usize], dim: usize, n: usize) -> OpResult<usize> {
     if dims[dim] % n != 0 {
-        return Err(format!(
+        return Err(invalid!(
             "dim {dim} of size {} does not split into {n} equal blocks",
             dims[dim]
         ));
@@ -70,12 +73,7 @@ pub(crate) fn split(dims: &[usize], dim: usize, n: usize) -> std::result::Result
     Ok(dims[dim] / n)
 }
 
-fn all_reduce(
-    b: &mut Builder,
-    x: &Value,
-    op: ReduceOp,
-    n: usize,
-) -> std::result::Result<Value, String> {
+fn all_reduce(b: &mut Builder, x: &Value, op: ReduceOp, n: usize) -> OpResult<Value> {
     let dtype = x.dtype();
     let region = b.scalar_region(op.combiner(dtype)?, dtype);
     let sum = b
@@ -94,12 +92,7 @@ fn all_reduce(
     Ok(b.binary("stablehlo.divide", &sum, &count))
 }
 
-fn all_gather(
-    b: &mut Builder,
-    x: &Value,
-    dim: usize,
-    n: usize,
-) -> std::result::Result<Value, String> {
+fn all_gather(b: &mut Builder, x: &Value, dim: usize, n: usize) -> OpResult<Value> {
     check_dim("dim", dim, x.rank())?;
     let out = TensorType::new(x.dtype(), with_dim(x.dims(), dim, x.dims()[dim] * n));
     let attrs = format!("all_gather_dim = {dim} : i64, {}", one_group(n));
@@ -107,12 +100,7 @@ fn all_gather(
 }
 
 /// The body of `collective` on one member's input `x` of a group of `n`.
-fn lower(
-    b: &mut Builder,
-    collective: &Collective,
-    x: &Value,
-    n: usize,
-) -> std::result::Result<Value, String> {
+fn lower(b: &mut Builder, collective: &Collective, x: &Value, n: usize) -> OpResult<Value> {
     match collective {
         Collective::AllReduce(op) => all_reduce(b, x, *op, n),
         Collective::AllGather { dim } => all_gather(b, x, *dim, n),
@@ -140,7 +128,7 @@ fn lower(
         }
         Collective::Broadcast { root } => {
             if *root >= n {
-                return Err(format!("root rank {root} is not in a group of {n}"));
+                return Err(out_of_range!("root rank {root} is not in a group of {n}"));
             }
             // Gather along a new leading dim and keep the root's slot: exact
             // for every value (-0.0 and NaN payloads included).
@@ -179,12 +167,12 @@ fn lower(
         Collective::Permute { pairs } => {
             for (i, &(s, t)) in pairs.iter().enumerate() {
                 if s >= n || t >= n {
-                    return Err(format!(
+                    return Err(out_of_range!(
                         "pair ({s}, {t}) names a rank outside a group of {n}"
                     ));
                 }
                 if pairs[..i].iter().any(|&(s2, t2)| s2 == s || t2 == t) {
-                    return Err(format!(
+                    return Err(invalid!(
                         "rank {s} sends or rank {t} receives twice in {pairs:?}"
                     ));
                 }
@@ -251,7 +239,7 @@ pub(crate) fn run(
     if let Collective::Permute { pairs } = &collective
         && pairs.is_empty()
     {
-        return Err(group.invalid(name, xs, "no (source, target) pairs".into()));
+        return Err(group.invalid(name, xs, "no (source, target) pairs"));
     }
     let mut b = Builder::new(name);
     b.set_replicas(n);

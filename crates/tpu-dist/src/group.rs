@@ -1,6 +1,7 @@
 //! A group of a client's devices and the collectives over it.
 
 use std::sync::Arc;
+use tpu_core::op::OpError;
 
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Result, Runtime, Tensor};
@@ -166,12 +167,14 @@ impl DeviceGroup {
     }
 
     /// The error of collective `op` on `xs` over this group.
-    pub(crate) fn invalid(&self, op: &str, xs: &[Tensor], reason: String) -> Error {
+    pub(crate) fn invalid(&self, op: &str, xs: &[Tensor], reason: impl Into<OpError>) -> Error {
+        let OpError { kind, message } = reason.into();
         Error::InvalidInput {
+            kind,
             op: op.to_string(),
             inputs: describe(xs),
             device: self.name(),
-            reason,
+            reason: message,
         }
     }
 

@@ -1,6 +1,8 @@
 //! How a reducing collective combines its members' values.
 
 use std::fmt;
+use tpu_core::op::OpResult;
+use tpu_core::unsupported;
 
 use tpu_core::DType;
 
@@ -23,7 +25,7 @@ pub enum ReduceOp {
 impl ReduceOp {
     /// The StableHLO op combining two scalars of `dtype`, or why `dtype`
     /// cannot be reduced so.
-    pub(crate) fn combiner(self, dtype: DType) -> Result<&'static str, String> {
+    pub(crate) fn combiner(self, dtype: DType) -> OpResult<&'static str> {
         if dtype == DType::Bool {
             return Ok(match self {
                 ReduceOp::Sum | ReduceOp::Max => "stablehlo.or",
@@ -35,7 +37,7 @@ impl ReduceOp {
             ReduceOp::Sum => "stablehlo.add",
             ReduceOp::Mean if dtype.is_float() => "stablehlo.add",
             ReduceOp::Mean => {
-                return Err(format!("a mean needs a floating dtype, got {dtype}"));
+                return Err(unsupported!("a mean needs a floating dtype, got {dtype}"));
             }
             ReduceOp::Max => "stablehlo.maximum",
             ReduceOp::Min => "stablehlo.minimum",

@@ -3,6 +3,8 @@
 //! Written once; the op tests, the eager policies and the bridge reuse it.
 
 use tpu_core::host::{HostData, HostTensor};
+use tpu_core::invalid;
+use tpu_core::op::OpResult;
 use tpu_core::op::{
     Attrs, Gen, HostTape, OpDef, Sample, Tape, Torch, Var, VjpArgs, run_on_device, run_reference,
 };
@@ -49,8 +51,8 @@ pub fn check_sample(
     op: &OpDef,
     sample: &Sample,
     run: impl Fn(&OpDef, &[HostTensor], &Attrs) -> Result<Vec<HostTensor>>,
-) -> std::result::Result<(), String> {
-    let fail = |why: String| Err(format!("{}: {} — {why}", op.name, describe(sample)));
+) -> OpResult<()> {
+    let fail = |why: String| Err(invalid!("{}: {} — {why}", op.name, describe(sample)));
     let expected = match run_reference(op, &sample.inputs, &sample.attrs) {
         Ok(e) => e,
         Err(e) => return fail(format!("reference failed: {e}")),
@@ -121,7 +123,7 @@ pub fn vjp_case(
     op: &OpDef,
     sample: &Sample,
     seed: u64,
-) -> std::result::Result<std::result::Result<VjpCase, &'static str>, String> {
+) -> OpResult<std::result::Result<VjpCase, &'static str>> {
     let Some(vjp) = op.vjp else {
         return Ok(Err("no backward rule"));
     };
@@ -180,7 +182,7 @@ pub fn vjp_case(
     let grad_vars =
         vjp(&mut tape as &mut dyn Tape, &args).map_err(|e| format!("backward rule failed: {e}"))?;
     if grad_vars.len() != inputs.len() {
-        return Err(format!(
+        return Err(invalid!(
             "{} gradients for {} inputs",
             grad_vars.len(),
             inputs.len()
@@ -196,7 +198,7 @@ pub fn vjp_case(
         if let Some(gt) = &grad
             && gt.ty() != x.ty()
         {
-            return Err(format!("gradient {} for input {}", gt.ty(), x.ty()));
+            return Err(invalid!("gradient {} for input {}", gt.ty(), x.ty()));
         }
         grads.push(grad);
     }
@@ -211,9 +213,9 @@ pub fn vjp_case(
 /// Checks `op`'s backward rule on `sample` (float inputs promoted to f64)
 /// against central finite differences of its reference, along one random
 /// direction: `<vjp(g), v> ≈ <g, (f(x + εv) - f(x - εv)) / 2ε>`.
-pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<VjpCheck, String> {
+pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> OpResult<VjpCheck> {
     let fail = |why: String| {
-        Err(format!(
+        Err(invalid!(
             "{} backward: {} — {why}",
             op.name,
             describe(sample)
@@ -222,7 +224,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
     let case = match vjp_case(op, sample, seed) {
         Ok(Ok(case)) => case,
         Ok(Err(why)) => return Ok(VjpCheck::Unchecked(why)),
-        Err(e) => return fail(e),
+        Err(e) => return fail(e.message),
     };
     let mut g = Gen::new(seed ^ 0xd1ec);
     let directions: Vec<Option<HostTensor>> = case
@@ -237,7 +239,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
         .filter_map(|(grad, dir)| Some(dot(grad.as_ref()?, dir.as_ref()?)))
         .sum();
     let eps = 1e-6;
-    let shifted = |sign: f64| -> std::result::Result<Vec<HostTensor>, String> {
+    let shifted = |sign: f64| -> OpResult<Vec<HostTensor>> {
         let moved: Vec<HostTensor> = case
             .inputs
             .iter()
@@ -247,7 +249,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> std::result::Result<
                 None => x.clone(),
             })
             .collect();
-        run_reference(op, &moved, &sample.attrs).map_err(|e| e.to_string())
+        Ok(run_reference(op, &moved, &sample.attrs)?)
     };
     let (plus, minus) = match (shifted(1.0), shifted(-1.0)) {
         (Ok(p), Ok(m)) => (p, m),

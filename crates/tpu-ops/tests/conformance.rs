@@ -77,7 +77,7 @@ fn every_op_matches_its_reference_on_tpu() {
         let mut failures = Vec::new();
         for sample in (op.samples)() {
             if let Err(e) = check_sample(op, &sample, |op, x, a| run_on_tpu(runtime, 0, op, x, a)) {
-                failures.push(e);
+                failures.push(e.message);
             }
         }
         let mut runner = TestRunner::new(Config {
@@ -88,7 +88,7 @@ fn every_op_matches_its_reference_on_tpu() {
         let result = runner.run(&any::<u64>(), |seed| {
             let sample = (op.arbitrary)(&mut Gen::new(seed));
             check_sample(op, &sample, |op, x, a| run_on_tpu(runtime, 0, op, x, a))
-                .map_err(TestCaseError::fail)
+                .map_err(|e| TestCaseError::fail(e.message))
         });
         if let Err(e) = result {
             failures.push(e.to_string());
@@ -117,7 +117,7 @@ fn every_backward_rule_matches_finite_differences() {
                         .or_default() += 1;
                 }
                 Ok(VjpCheck::Unchecked(_)) => {}
-                Err(e) => failures.push(e),
+                Err(e) => failures.push(e.message),
             }
         }
         if checked > 0 {

@@ -4,7 +4,7 @@
 //! (`docs/reliability.md` lists the cases.)
 
 use tpu_core::autograd::GradTape;
-use tpu_core::op::{Attrs, HostTape, Tape};
+use tpu_core::op::{Attrs, HostTape, OpErrorKind, Tape};
 use tpu_rs::prelude::*;
 use tpu_rs::{Error, Result};
 
@@ -23,6 +23,8 @@ struct Case {
     attrs: fn() -> Attrs,
     /// Words the error must contain besides the op, shapes and device.
     says: &'static str,
+    /// The kind of mistake (which Python exception the bridge raises).
+    kind: OpErrorKind,
 }
 
 const F32: DType = DType::F32;
@@ -35,6 +37,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d), t(&[4], F32, d)],
             attrs: Attrs::new,
             says: "broadcast",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "elementwise",
@@ -42,6 +45,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[3], F32, d), t(&[3], F32, d)],
             attrs: Attrs::new,
             says: "",
+            kind: OpErrorKind::Unsupported,
         },
         Case {
             family: "elementwise",
@@ -49,6 +53,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[3], F32, d)],
             attrs: Attrs::new,
             says: "takes 2 inputs, got 1",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "reduction",
@@ -56,6 +61,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d)],
             attrs: || Attrs::new().with("dims", vec![5i64]).with("keepdim", false),
             says: "",
+            kind: OpErrorKind::OutOfRange,
         },
         Case {
             family: "reduction",
@@ -63,6 +69,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d)],
             attrs: || Attrs::new().with("dim", "last"),
             says: "attribute `dim`",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "linalg",
@@ -70,6 +77,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d), t(&[4, 5], F32, d)],
             attrs: Attrs::new,
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "linalg",
@@ -77,6 +85,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[1, 3, 8, 8], F32, d), t(&[4, 2, 3, 3], F32, d)],
             attrs: Attrs::new,
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "movement",
@@ -84,6 +93,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d)],
             attrs: || Attrs::new().with("shape", vec![7i64]),
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "movement",
@@ -91,6 +101,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d)],
             attrs: || Attrs::new().with("dims", vec![0i64, 0]),
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "movement",
@@ -98,6 +109,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d), t(&[2, 3], F32, d)],
             attrs: || Attrs::new().with("dim", 0i64),
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "movement",
@@ -105,6 +117,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d)],
             attrs: Attrs::new,
             says: "missing attribute `shape`",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "nn",
@@ -112,6 +125,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 3], F32, d), t(&[4], F32, d)],
             attrs: || Attrs::new().with("normalized_dims", 1i64).with("eps", 1e-5),
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "nn",
@@ -119,6 +133,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[2, 5], F32, d), t(&[3], DType::I64, d)],
             attrs: Attrs::new,
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "nn",
@@ -126,6 +141,7 @@ fn cases() -> Vec<Case> {
             inputs: |d| vec![t(&[10, 4], F32, d), t(&[3], F32, d)],
             attrs: Attrs::new,
             says: "",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "creation",
@@ -139,6 +155,7 @@ fn cases() -> Vec<Case> {
                     .with("value", 0.0)
             },
             says: "larger than any device can hold",
+            kind: OpErrorKind::Invalid,
         },
         Case {
             family: "creation",
@@ -152,6 +169,7 @@ fn cases() -> Vec<Case> {
                     .with("value", 0.0)
             },
             says: "",
+            kind: OpErrorKind::Invalid,
         },
     ]
 }
@@ -177,7 +195,13 @@ fn bad_shapes_dtypes_and_attributes_of_every_op_family_name_op_shapes_and_device
             let what = format!("{} `{}` on {device}", case.family, case.op);
             let err = match call(&case, device) {
                 Ok(_) => panic!("{what} with ({}) was accepted", shapes.join(", ")),
-                Err(e) => e.to_string(),
+                Err(e) => {
+                    let Error::Core(core) = &e else {
+                        panic!("{what}: {e} is not an op error")
+                    };
+                    assert_eq!(core.op_error_kind(), Some(case.kind), "{what}: {e}");
+                    e.to_string()
+                }
             };
             assert!(err.contains(&format!("op `{}`", case.op)), "{what}: {err}");
             assert!(err.contains(&format!("on {device}")), "{what}: {err}");

@@ -14,9 +14,16 @@ import atexit
 
 from . import _C
 from ._backend import register
-from ._C import RecompileWarning, TpuError
+from ._C import RecompileWarning, TpuError, TpuIndexError, TpuNotImplementedError
 
-__all__ = ["RecompileWarning", "TpuError", "metrics", "op_names"]
+__all__ = [
+    "RecompileWarning",
+    "TpuError",
+    "TpuIndexError",
+    "TpuNotImplementedError",
+    "metrics",
+    "op_names",
+]
 
 register()
 # A trace TPU_RS_PROFILE started is completed when the interpreter exits.

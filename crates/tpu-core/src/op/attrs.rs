@@ -1,9 +1,11 @@
 //! Op attributes: the static parameters of an op call (`dims`, `keepdim`,
 //! `dtype`, ...). They are part of what a compiled program is keyed on.
 
+use crate::invalid;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+use super::OpResult;
 use crate::DType;
 
 /// One attribute value.
@@ -119,26 +121,26 @@ impl Attrs {
         key: &str,
         kind: &str,
         pick: impl Fn(&Attr) -> Option<T>,
-    ) -> Result<Option<T>, String> {
+    ) -> OpResult<Option<T>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => pick(v)
                 .map(Some)
-                .ok_or_else(|| format!("attribute `{key}` must be {kind}, got {v}")),
+                .ok_or_else(|| invalid!("attribute `{key}` must be {kind}, got {v}")),
         }
     }
 
-    fn required<T>(value: Result<Option<T>, String>, key: &str) -> Result<T, String> {
-        value?.ok_or_else(|| format!("missing attribute `{key}`"))
+    fn required<T>(value: OpResult<Option<T>>, key: &str) -> OpResult<T> {
+        value?.ok_or_else(|| invalid!("missing attribute `{key}`"))
     }
 
     /// Integer `key`, or `default` when absent.
-    pub fn int_or(&self, key: &str, default: i64) -> Result<i64, String> {
+    pub fn int_or(&self, key: &str, default: i64) -> OpResult<i64> {
         Ok(self.int_opt(key)?.unwrap_or(default))
     }
 
     /// Integer `key`, if present.
-    pub fn int_opt(&self, key: &str) -> Result<Option<i64>, String> {
+    pub fn int_opt(&self, key: &str) -> OpResult<Option<i64>> {
         self.typed(key, "an integer", |v| match v {
             Attr::Int(i) => Some(*i),
             _ => None,
@@ -146,12 +148,12 @@ impl Attrs {
     }
 
     /// Integer `key`, required.
-    pub fn int(&self, key: &str) -> Result<i64, String> {
+    pub fn int(&self, key: &str) -> OpResult<i64> {
         Self::required(self.int_opt(key), key)
     }
 
     /// Integer list `key`, if present.
-    pub fn ints_opt(&self, key: &str) -> Result<Option<Vec<i64>>, String> {
+    pub fn ints_opt(&self, key: &str) -> OpResult<Option<Vec<i64>>> {
         self.typed(key, "a list of integers", |v| match v {
             Attr::Ints(v) => Some(v.clone()),
             Attr::Int(i) => Some(vec![*i]),
@@ -160,12 +162,12 @@ impl Attrs {
     }
 
     /// Integer list `key`, required.
-    pub fn ints(&self, key: &str) -> Result<Vec<i64>, String> {
+    pub fn ints(&self, key: &str) -> OpResult<Vec<i64>> {
         Self::required(self.ints_opt(key), key)
     }
 
     /// Float `key` (integers accepted), if present.
-    pub fn float_opt(&self, key: &str) -> Result<Option<f64>, String> {
+    pub fn float_opt(&self, key: &str) -> OpResult<Option<f64>> {
         self.typed(key, "a number", |v| match v {
             Attr::Float(f) => Some(*f),
             Attr::Int(i) => Some(*i as f64),
@@ -174,17 +176,17 @@ impl Attrs {
     }
 
     /// Float `key`, or `default` when absent.
-    pub fn float_or(&self, key: &str, default: f64) -> Result<f64, String> {
+    pub fn float_or(&self, key: &str, default: f64) -> OpResult<f64> {
         Ok(self.float_opt(key)?.unwrap_or(default))
     }
 
     /// Float `key`, required.
-    pub fn float(&self, key: &str) -> Result<f64, String> {
+    pub fn float(&self, key: &str) -> OpResult<f64> {
         Self::required(self.float_opt(key), key)
     }
 
     /// Bool `key`, or `default` when absent.
-    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, String> {
+    pub fn bool_or(&self, key: &str, default: bool) -> OpResult<bool> {
         Ok(self
             .typed(key, "a bool", |v| match v {
                 Attr::Bool(b) => Some(*b),
@@ -194,7 +196,7 @@ impl Attrs {
     }
 
     /// DType `key`, if present.
-    pub fn dtype_opt(&self, key: &str) -> Result<Option<DType>, String> {
+    pub fn dtype_opt(&self, key: &str) -> OpResult<Option<DType>> {
         self.typed(key, "a dtype", |v| match v {
             Attr::DType(d) => Some(*d),
             _ => None,
@@ -202,16 +204,16 @@ impl Attrs {
     }
 
     /// DType `key`, required.
-    pub fn dtype(&self, key: &str) -> Result<DType, String> {
+    pub fn dtype(&self, key: &str) -> OpResult<DType> {
         Self::required(self.dtype_opt(key), key)
     }
 
     /// String `key`, or `default` when absent.
-    pub fn str_or<'a>(&'a self, key: &str, default: &'a str) -> Result<&'a str, String> {
+    pub fn str_or<'a>(&'a self, key: &str, default: &'a str) -> OpResult<&'a str> {
         match self.get(key) {
             None => Ok(default),
             Some(Attr::Str(s)) => Ok(s),
-            Some(v) => Err(format!("attribute `{key}` must be a string, got {v}")),
+            Some(v) => Err(invalid!("attribute `{key}` must be a string, got {v}")),
         }
     }
 }
@@ -243,10 +245,11 @@ mod tests {
         assert_eq!(a.bool_or("keepdim", false), Ok(true));
         assert_eq!(a.ints("dims"), Ok(vec![0, 2]));
         assert_eq!(a.ints("dim"), Ok(vec![1]));
-        assert!(a.int("missing").unwrap_err().contains("missing"));
+        assert!(a.int("missing").unwrap_err().message.contains("missing"));
         assert!(
             a.bool_or("dim", false)
                 .unwrap_err()
+                .message
                 .contains("must be a bool")
         );
         assert_eq!(a.float_or("eps", 1e-5), Ok(1e-5));

@@ -3,7 +3,7 @@
 
 use std::fmt::Display;
 
-use super::{Attrs, OpDef};
+use super::{Attrs, OpDef, OpError};
 use crate::Runtime;
 use crate::Shape;
 use crate::error::{Error, Result};
@@ -19,12 +19,19 @@ fn describe(types: &[TensorType]) -> String {
         .join(", ")
 }
 
-fn invalid(op: &OpDef, inputs: &[TensorType], device: impl Display, reason: String) -> Error {
+fn invalid(
+    op: &OpDef,
+    inputs: &[TensorType],
+    device: impl Display,
+    error: impl Into<OpError>,
+) -> Error {
+    let OpError { kind, message } = error.into();
     Error::InvalidInput {
+        kind,
         op: op.name.to_string(),
         inputs: describe(inputs),
         device: device.to_string(),
-        reason,
+        reason: message,
     }
 }
 
@@ -192,8 +199,13 @@ pub fn run_on_device(
     }
     let program = single_op_program(op, &types, attrs).map_err(|e| match e {
         Error::InvalidInput {
-            op, inputs, reason, ..
+            kind,
+            op,
+            inputs,
+            reason,
+            ..
         } => Error::InvalidInput {
+            kind,
             op,
             inputs,
             device: name.clone(),

@@ -7,6 +7,7 @@
 
 mod attrs;
 mod dispatch;
+mod error;
 mod host_tape;
 mod registry;
 mod sample_gen;
@@ -17,6 +18,7 @@ pub use dispatch::{
     MAX_TENSOR_BYTES, check_inputs, run_on_device, run_reference, single_op_program,
     single_op_program_over, tensor_bytes,
 };
+pub use error::{OpError, OpErrorKind, OpResult};
 pub use host_tape::HostTape;
 pub use registry::{OpId, Registry, registry};
 pub use sample_gen::Gen;
@@ -25,11 +27,6 @@ pub use tape::{Tape, TapeValues, Var, VjpArgs};
 use crate::DType;
 use crate::host::{HostTensor, Tolerance};
 use crate::stablehlo::{Builder, TensorType, Value};
-
-/// What op implementations return: a reason string on bad input. The
-/// dispatcher turns it into an [`crate::Error::InvalidInput`] naming the op,
-/// the input types and the device.
-pub type OpResult<T> = std::result::Result<T, String>;
 
 /// Shape and dtype inference: pure, and the first thing every call runs.
 pub type InferFn = fn(&[TensorType], &Attrs) -> OpResult<Vec<TensorType>>;

@@ -3,9 +3,10 @@
 //! reference (for finite-difference checks), under autograd on any device,
 //! and inside fused graphs.
 
+use crate::invalid;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Attrs, OpResult};
+use super::{Attrs, OpError, OpResult};
 use crate::stablehlo::TensorType;
 use crate::{DType, Shape};
 
@@ -58,10 +59,10 @@ impl<T> TapeValues<T> {
             .get(v.index)
             .filter(|_| v.tape == self.id)
             .ok_or_else(|| {
-                format!(
+                OpError::invalid(format!(
                     "value #{} is not on this tape (it is from another one)",
                     v.index
-                )
+                ))
             })
     }
 
@@ -107,7 +108,7 @@ impl dyn Tape + '_ {
         let mut outs = self.call(op, inputs, attrs)?;
         match outs.len() {
             1 => Ok(outs.remove(0)),
-            n => Err(format!(
+            n => Err(invalid!(
                 "op `{op}` returned {n} outputs where one was expected"
             )),
         }

@@ -1,5 +1,6 @@
 //! A tensor split over a mesh: one block per device.
 
+use tpu_core::op::OpErrorKind;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, HostBuffer, HostTensor, Result, Runtime, Tensor, TensorValue};
 
@@ -25,6 +26,7 @@ pub fn shard(tensor: &Tensor, mesh: &Mesh, spec: &ShardingSpec) -> Result<Sharde
     let ty = tensor.ty().clone();
     let dims = ty.shape.dims();
     let invalid = |reason: String| Error::InvalidInput {
+        kind: OpErrorKind::Invalid,
         op: "shard".into(),
         inputs: format!("{ty} on {} as {spec}", tensor.device()),
         device: mesh.to_string(),
@@ -108,6 +110,7 @@ impl ShardedTensor {
         shards: Vec<Tensor>,
     ) -> Result<ShardedTensor> {
         let invalid = |reason: String| Error::InvalidInput {
+            kind: OpErrorKind::Invalid,
             op: "from_shards".into(),
             inputs: describe(&shards),
             device: mesh.to_string(),

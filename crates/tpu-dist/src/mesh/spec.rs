@@ -1,6 +1,7 @@
 //! How a tensor is laid out over a mesh, and its `mhlo.sharding` text.
 
 use std::fmt;
+use tpu_core::op::OpErrorKind;
 
 use super::Mesh;
 
@@ -53,6 +54,7 @@ impl ShardingSpec {
         self.tiling(mesh, dims)
             .map(|t| t.hlo())
             .map_err(|reason| tpu_core::Error::InvalidInput {
+                kind: OpErrorKind::Invalid,
                 op: "sharding".into(),
                 inputs: format!("{dims:?} as {self}"),
                 device: mesh.to_string(),

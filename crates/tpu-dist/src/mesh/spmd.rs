@@ -10,6 +10,7 @@
 //! shardings imply.
 
 use std::sync::Arc;
+use tpu_core::op::OpErrorKind;
 
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
@@ -69,6 +70,7 @@ impl Mesh {
         F: FnOnce(&mut Builder, &[Value]) -> Result<Vec<Value>>,
     {
         let invalid = |reason: String| Error::InvalidInput {
+            kind: OpErrorKind::Invalid,
             op: name.to_string(),
             inputs: inputs
                 .iter()

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tpu_core::op::OpError;
 
 use tpu_core::pjrt::KeyValueStoreHandle;
 use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Result, Runtime, Shape, Tensor};
@@ -612,12 +613,14 @@ impl ProcessGroup {
         }
     }
 
-    fn invalid(&self, sig: &Signature, reason: String) -> Error {
+    fn invalid(&self, sig: &Signature, reason: impl Into<OpError>) -> Error {
+        let OpError { kind, message } = reason.into();
         Error::InvalidInput {
+            kind,
             op: sig.op_name().to_string(),
             inputs: sig.input(),
             device: format!("rank {} of {}", self.rank(), self.world_size()),
-            reason,
+            reason: message,
         }
     }
 

@@ -254,15 +254,16 @@ pub(crate) fn lower(
                 Src::External(i) => params[&i].clone(),
             })
             .collect();
-        let outs = (node.op.lower)(&mut b, &inputs, &node.attrs).map_err(|reason| {
+        let outs = (node.op.lower)(&mut b, &inputs, &node.attrs).map_err(|e| {
             node_error(
                 graph,
                 node,
                 Error::InvalidInput {
+                    kind: e.kind,
                     op: node.op.name.to_string(),
                     inputs: describe_inputs(graph, node),
                     device: "tpu".into(),
-                    reason,
+                    reason: e.message,
                 },
             )
         })?;
@@ -279,11 +280,12 @@ pub(crate) fn lower(
             Src::External(i) => params[&i].clone(),
         };
         b.set_replicas(tail.replicas);
-        let out = (tail.lower)(&mut b, &input).map_err(|reason| Error::InvalidInput {
+        let out = (tail.lower)(&mut b, &input).map_err(|e| Error::InvalidInput {
+            kind: e.kind,
             op: tail.name.to_string(),
             inputs: input.ty().to_string(),
             device: "tpu".into(),
-            reason,
+            reason: e.message,
         })?;
         values.push(out);
     }

@@ -2,6 +2,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Shape};
@@ -13,7 +14,7 @@ use crate::support::*;
 pub(crate) fn shape_attr(attrs: &Attrs) -> OpResult<Shape> {
     let dims = attrs.ints("shape")?;
     if let Some(d) = dims.iter().find(|&&d| d < 0) {
-        return Err(format!("shape {dims:?} has a negative dimension {d}"));
+        return Err(invalid!("shape {dims:?} has a negative dimension {d}"));
     }
     Ok(Shape::new(
         dims.iter().map(|&d| d as usize).collect::<Vec<_>>(),

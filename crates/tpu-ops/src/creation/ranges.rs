@@ -4,6 +4,7 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -103,7 +104,7 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
     let dtype = attrs.dtype_opt("dtype")?.unwrap_or(default);
     require_dtype(dtype, NUMERIC, "arange dtype")?;
     if !(start.is_finite() && end.is_finite() && step.is_finite()) {
-        return Err(format!(
+        return Err(invalid!(
             "arange needs finite start, end and step, got {start}, {end}, {step}"
         ));
     }
@@ -130,17 +131,17 @@ fn arange_args(attrs: &Attrs) -> OpResult<Arange> {
     };
     // `len` alone misses a short wrong-way span: ceil(-0.5) is -0.
     if len < 0.0 || (end - start) * step < 0.0 {
-        return Err(format!(
+        return Err(invalid!(
             "arange from {start} to {end} with step {step} has negative length (the step's sign does not lead from start to end)"
         ));
     }
     if !len.is_finite() || len > MAX_ARANGE {
-        return Err(format!(
+        return Err(invalid!(
             "arange from {start} to {end} with step {step} is too long ({len} elements)"
         ));
     }
     if !dtype.is_float() && (start.fract() != 0.0 || step.fract() != 0.0) {
-        return Err(format!(
+        return Err(invalid!(
             "arange of integer dtype {dtype} needs integral start and step, got {start} and {step}"
         ));
     }
@@ -192,7 +193,7 @@ fn arange_ref(a: &Arange) -> OpResult<HostTensor> {
                 .map(|i| start.wrapping_add(i.wrapping_mul(step)))
                 .collect();
             HostTensor::from_i64(a.dtype, [a.len], values)
-                .ok_or_else(|| "arange value count mismatch".to_string())
+                .ok_or_else(|| "arange value count mismatch".into())
         }
     }
 }
@@ -296,7 +297,7 @@ fn eye_type(attrs: &Attrs) -> OpResult<TensorType> {
     let n = attrs.int("n")?;
     let m = attrs.int_opt("m")?.unwrap_or(n);
     if n < 0 || m < 0 {
-        return Err(format!("eye needs n and m >= 0, got n = {n}, m = {m}"));
+        return Err(invalid!("eye needs n and m >= 0, got n = {n}, m = {m}"));
     }
     Ok(TensorType::new(
         dtype_or_f32(attrs)?,
@@ -429,12 +430,14 @@ mod tests {
         assert!(
             a(0.0, 1.0, 0.0)
                 .err()
+                .map(|e| e.message)
                 .unwrap_or_default()
                 .contains("nonzero")
         );
         assert!(
             a(0.0, 1.0, -1.0)
                 .err()
+                .map(|e| e.message)
                 .unwrap_or_default()
                 .contains("negative")
         );

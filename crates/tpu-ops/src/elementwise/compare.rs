@@ -2,6 +2,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
+use tpu_core::op::OpResult;
 use tpu_core::op::{Arity, Flags, Gen, OpDef, Torch};
 use tpu_core::stablehlo::{Compare, TensorType};
 
@@ -9,7 +10,7 @@ use super::binary::{infer_binary, operands};
 use crate::here;
 use crate::support::*;
 
-fn infer_compare(inputs: &[TensorType]) -> Result<Vec<TensorType>, String> {
+fn infer_compare(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
     let t = infer_binary(inputs, ALL, false)?;
     Ok(vec![TensorType::new(DType::Bool, t.shape)])
 }

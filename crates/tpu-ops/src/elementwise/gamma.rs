@@ -4,6 +4,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -72,7 +73,7 @@ fn order(attrs: &Attrs) -> OpResult<u32> {
     u32::try_from(n)
         .ok()
         .filter(|&n| n <= 64)
-        .ok_or_else(|| format!("polygamma order n must be in 0..=64, got {n}"))
+        .ok_or_else(|| invalid!("polygamma order n must be in 0..=64, got {n}"))
 }
 
 fn infer_polygamma(x: &[TensorType], attrs: &Attrs) -> OpResult<Vec<TensorType>> {

@@ -3,6 +3,7 @@
 use ndarray::Zip;
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -15,7 +16,7 @@ fn infer_where(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
         return Err("takes (condition, on_true, on_false)".into());
     };
     if c.dtype != DType::Bool {
-        return Err(format!("condition must be bool, got {}", c.dtype));
+        return Err(invalid!("condition must be bool, got {}", c.dtype));
     }
     let shape = broadcast_all([&c.shape, &a.shape, &b.shape])?;
     Ok(vec![TensorType::new(promote(a, b), shape)])

@@ -3,6 +3,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -11,7 +12,7 @@ use crate::here;
 use crate::support::*;
 
 fn one_type(inputs: &[TensorType]) -> OpResult<&TensorType> {
-    inputs.first().ok_or_else(|| "missing input".to_string())
+    inputs.first().ok_or_else(|| "missing input".into())
 }
 
 /// Float functions: numeric input, float output.
@@ -267,7 +268,7 @@ fn gelu_mode(attrs: &Attrs) -> OpResult<bool> {
     match attrs.str_or("approximate", "none")? {
         "none" => Ok(false),
         "tanh" => Ok(true),
-        other => Err(format!(
+        other => Err(invalid!(
             "approximate must be \"none\" or \"tanh\", got {other:?}"
         )),
     }

@@ -11,6 +11,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value, i64_array};
 use tpu_core::{DType, Shape};
@@ -100,13 +101,13 @@ fn spec_attr(attrs: &Attrs, key: &str, rank: usize) -> OpResult<Vec<usize>> {
     for &d in &v {
         let d = normalize_dim(d, rank)?;
         if seen[d] {
-            return Err(format!("{key} {v:?} repeats dimension {d}"));
+            return Err(invalid!("{key} {v:?} repeats dimension {d}"));
         }
         seen[d] = true;
         out.push(d);
     }
     if out.len() != rank {
-        return Err(format!("{key} {v:?} must list all {rank} dimensions"));
+        return Err(invalid!("{key} {v:?} must list all {rank} dimensions"));
     }
     Ok(out)
 }
@@ -124,17 +125,17 @@ pub(crate) fn spatial_ints(
         None => vec![default; n],
         Some(v) if v.len() == 1 => vec![v[0]; n],
         Some(v) if v.len() == n => v,
-        Some(v) => return Err(format!("{key} {v:?} must have 1 or {n} values")),
+        Some(v) => return Err(invalid!("{key} {v:?} must have 1 or {n} values")),
     };
     if let Some(bad) = v.iter().find(|&&x| x < min) {
-        return Err(format!("{key} {v:?} has a value {bad} below {min}"));
+        return Err(invalid!("{key} {v:?} has a value {bad} below {min}"));
     }
     Ok(v.iter().map(|&x| x as usize).collect())
 }
 
 fn conv_params(attrs: &Attrs, rank: usize) -> OpResult<ConvParams> {
     if rank < 3 {
-        return Err(format!(
+        return Err(invalid!(
             "convolution needs operands of rank >= 3 (batch, feature and spatial dims), got rank {rank}"
         ));
     }
@@ -143,7 +144,7 @@ fn conv_params(attrs: &Attrs, rank: usize) -> OpResult<ConvParams> {
         None => vec![(0, 0); n],
         Some(v) if v.len() == 2 * n => v.chunks(2).map(|c| (c[0], c[1])).collect(),
         Some(v) => {
-            return Err(format!(
+            return Err(invalid!(
                 "padding {v:?} must have 2 values (low, high) per spatial dim, {}",
                 2 * n
             ));
@@ -152,7 +153,7 @@ fn conv_params(attrs: &Attrs, rank: usize) -> OpResult<ConvParams> {
     let group = |key: &str| -> OpResult<usize> {
         let g = attrs.int_or(key, 1)?;
         if g < 1 {
-            return Err(format!("{key} must be >= 1, got {g}"));
+            return Err(invalid!("{key} must be >= 1, got {g}"));
         }
         Ok(g as usize)
     };
@@ -173,7 +174,7 @@ fn conv_params(attrs: &Attrs, rank: usize) -> OpResult<ConvParams> {
 pub(crate) fn conv_shape(lhs: &Shape, rhs: &Shape, p: &ConvParams) -> OpResult<Shape> {
     let rank = p.lhs_spec.len();
     if lhs.rank() != rank || rhs.rank() != rank {
-        return Err(format!(
+        return Err(invalid!(
             "convolution operands {lhs} and {rhs} must both have rank {rank}"
         ));
     }
@@ -185,19 +186,20 @@ pub(crate) fn conv_shape(lhs: &Shape, rhs: &Shape, p: &ConvParams) -> OpResult<S
         return Err("feature_group_count and batch_group_count cannot both exceed 1".into());
     }
     if feat != in_feat * p.fgc {
-        return Err(format!(
+        return Err(invalid!(
             "input has {feat} features but the kernel takes {in_feat} per group x {} groups",
             p.fgc
         ));
     }
     if out_feat % p.fgc != 0 || out_feat % p.bgc != 0 {
-        return Err(format!(
+        return Err(invalid!(
             "kernel output features {out_feat} must divide into {} feature groups and {} batch groups",
-            p.fgc, p.bgc
+            p.fgc,
+            p.bgc
         ));
     }
     if batch % p.bgc != 0 {
-        return Err(format!(
+        return Err(invalid!(
             "batch {batch} must divide into {} batch groups",
             p.bgc
         ));
@@ -208,14 +210,14 @@ pub(crate) fn conv_shape(lhs: &Shape, rhs: &Shape, p: &ConvParams) -> OpResult<S
     for i in 0..n {
         let k = r(2 + i);
         if k == 0 {
-            return Err(format!("kernel spatial dim {i} is empty"));
+            return Err(invalid!("kernel spatial dim {i} is empty"));
         }
         let (lo, hi) = p.padding[i];
         let padded = dilate(l(2 + i), p.lhs_dilation[i])
             .saturating_add(lo)
             .saturating_add(hi);
         if padded < 0 {
-            return Err(format!(
+            return Err(invalid!(
                 "padding ({lo}, {hi}) crops more than spatial dim {i} of {lhs} holds"
             ));
         }
@@ -490,13 +492,14 @@ pub(crate) fn conv_rhs_grad(
 fn float_pair<'a>(x: &'a [TensorType], op: &str) -> OpResult<(&'a TensorType, &'a TensorType)> {
     let (a, b) = match x {
         [a, b, ..] => (a, b),
-        _ => return Err(format!("{op} takes an input and a kernel")),
+        _ => return Err(invalid!("{op} takes an input and a kernel")),
     };
     require_dtype(a.dtype, FLOATS, "input")?;
     if a.dtype != b.dtype {
-        return Err(format!(
+        return Err(invalid!(
             "{op} needs input and kernel of one dtype, got {} and {}",
-            a.dtype, b.dtype
+            a.dtype,
+            b.dtype
         ));
     }
     Ok((a, b))
@@ -636,18 +639,18 @@ fn conv_nd(x: &[TensorType], attrs: &Attrs, n: usize, op: &str) -> OpResult<Conv
         r if r == rank => false,
         r if r == rank - 1 => true,
         r => {
-            return Err(format!(
+            return Err(invalid!(
                 "{op} expects a {}-D (unbatched) or {rank}-D (batched) input, got rank {r}",
                 rank - 1
             ));
         }
     };
     if wt.shape.rank() != rank {
-        return Err(format!("{op} expects a {rank}-D weight, got {}", wt.shape));
+        return Err(invalid!("{op} expects a {rank}-D weight, got {}", wt.shape));
     }
     let groups = attrs.int_or("groups", 1)?;
     if groups < 1 {
-        return Err(format!("groups must be >= 1, got {groups}"));
+        return Err(invalid!("groups must be >= 1, got {groups}"));
     }
     let groups = groups as usize;
     let padding = spatial_ints(attrs, "padding", n, 0, 0)?;
@@ -661,14 +664,14 @@ fn conv_nd(x: &[TensorType], attrs: &Attrs, n: usize, op: &str) -> OpResult<Conv
     let xs = batched(&xt.shape, unbatched);
     let (c, o, i) = (xs.dims()[1], wt.shape.dims()[0], wt.shape.dims()[1]);
     if c != i * groups {
-        return Err(format!(
+        return Err(invalid!(
             "{op}: weight {} with groups = {groups} expects {} input channels, got {c}",
             wt.shape,
             i * groups
         ));
     }
     if o % groups != 0 {
-        return Err(format!(
+        return Err(invalid!(
             "{op}: {o} output channels do not divide into {groups} groups"
         ));
     }
@@ -677,14 +680,14 @@ fn conv_nd(x: &[TensorType], attrs: &Attrs, n: usize, op: &str) -> OpResult<Conv
         let window = dilate(k, params.rhs_dilation[s]);
         let padded = (xs.dims()[2 + s] as i64).saturating_add((pad as i64).saturating_mul(2));
         if k == 0 || padded < window {
-            return Err(format!(
+            return Err(invalid!(
                 "{op}: kernel size {k} (dilated {window}) does not fit the padded input size {padded}"
             ));
         }
     }
     if let Some(bias) = x.get(2) {
         if bias.dtype != xt.dtype || bias.shape.dims() != [o] {
-            return Err(format!("{op}: bias must be {}[{o}], got {bias}", xt.dtype));
+            return Err(invalid!("{op}: bias must be {}[{o}], got {bias}", xt.dtype));
         }
     }
     let full = conv_shape(&xs, &wt.shape, &params)?;

@@ -18,6 +18,7 @@
 use ndarray::Array2;
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -107,12 +108,12 @@ fn householder_types(x: &[TensorType]) -> OpResult<TensorType> {
     let td = taus.shape.dims();
     let k = td.last().copied().unwrap_or(0);
     if td.len() != batch.len() + 1 || td[..batch.len()] != batch[..] || taus.dtype != a.dtype {
-        return Err(format!(
+        return Err(invalid!(
             "needs taus with the reflectors' batch dims and dtype: got {a} and {taus}"
         ));
     }
     if m < n || n < k {
-        return Err(format!(
+        return Err(invalid!(
             "needs rows >= columns >= taus: got {a} and {taus} ({m} rows, {n} columns, {k} taus)"
         ));
     }
@@ -129,7 +130,7 @@ fn qr_mode(attrs: &Attrs) -> OpResult<Mode> {
     match attrs.str_or("mode", "reduced")? {
         "reduced" => Ok(Mode::Reduced),
         "complete" => Ok(Mode::Complete),
-        other => Err(format!(
+        other => Err(invalid!(
             "mode must be \"reduced\" or \"complete\", got {other:?}"
         )),
     }
@@ -300,7 +301,7 @@ fn qr_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let ty = t.ty(a.inputs[0])?;
     let (_, m, n) = matrix(&ty, "the input")?;
     if qr_mode(a.attrs)? == Mode::Complete && m > n {
-        return Err(format!(
+        return Err(invalid!(
             "the gradient of qr with mode=\"complete\" is not defined for a tall matrix ({ty}): Q's extra columns are not unique"
         ));
     }
@@ -336,7 +337,7 @@ fn eigh_types(x: &[TensorType]) -> OpResult<Vec<TensorType>> {
     let a = x.first().ok_or("missing input")?;
     let (batch, m, n) = matrix(a, "the input")?;
     if m != n {
-        return Err(format!("needs square matrices, got shape {}", a.shape));
+        return Err(invalid!("needs square matrices, got shape {}", a.shape));
     }
     let w = [batch, vec![n]].concat();
     Ok(vec![TensorType::new(a.dtype, w.as_slice()), a.clone()])

@@ -5,6 +5,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list as hlo_dims};
 use tpu_core::{DType, Shape};
@@ -62,7 +63,7 @@ fn dim_list(attrs: &Attrs, key: &str, rank: usize) -> OpResult<Vec<usize>> {
 /// Checks dimension numbers against the operand shapes.
 pub(crate) fn check_dot_dims(a: &Shape, b: &Shape, d: &DotDims) -> OpResult<()> {
     if d.lb.len() != d.rb.len() || d.lc.len() != d.rc.len() {
-        return Err(format!(
+        return Err(invalid!(
             "dot_general needs as many lhs as rhs batch dims ({} vs {}) and contracting dims ({} vs {})",
             d.lb.len(),
             d.rb.len(),
@@ -74,7 +75,7 @@ pub(crate) fn check_dot_dims(a: &Shape, b: &Shape, d: &DotDims) -> OpResult<()> 
         let mut all: Vec<usize> = batch.iter().chain(contract.iter()).copied().collect();
         all.sort_unstable();
         if all.windows(2).any(|w| w[0] == w[1]) {
-            return Err(format!(
+            return Err(invalid!(
                 "dot_general {side} batch dims {batch:?} and contracting dims {contract:?} repeat a dimension"
             ));
         }
@@ -82,7 +83,7 @@ pub(crate) fn check_dot_dims(a: &Shape, b: &Shape, d: &DotDims) -> OpResult<()> 
     for (kind, l, r) in [("batch", &d.lb, &d.rb), ("contracting", &d.lc, &d.rc)] {
         for (&i, &j) in l.iter().zip(r.iter()) {
             if a.dims()[i] != b.dims()[j] {
-                return Err(format!(
+                return Err(invalid!(
                     "dot_general {kind} dims differ in size: lhs dim {i} of {a} is {}, rhs dim {j} of {b} is {}",
                     a.dims()[i],
                     b.dims()[j]
@@ -107,9 +108,10 @@ fn dot_dims(a: &Shape, b: &Shape, attrs: &Attrs) -> OpResult<DotDims> {
 fn same_dtype(a: &TensorType, b: &TensorType, op: &str) -> OpResult<DType> {
     require_dtype(a.dtype, DOT_DTYPES, "lhs")?;
     if a.dtype != b.dtype {
-        return Err(format!(
+        return Err(invalid!(
             "{op} needs operands of one dtype, got {} and {}",
-            a.dtype, b.dtype
+            a.dtype,
+            b.dtype
         ));
     }
     Ok(a.dtype)
@@ -188,7 +190,7 @@ fn dot_arrays<T: Copy + Default>(
         }
     }
     let shape = d.out_shape(&sa, &sb);
-    ArrayD::from_shape_vec(IxDyn(shape.dims()), out).map_err(|e| format!("dot_general: {e}"))
+    ArrayD::from_shape_vec(IxDyn(shape.dims()), out).map_err(|e| invalid!("dot_general: {e}"))
 }
 
 /// The reference `dot_general` of two tensors of one dtype.
@@ -471,7 +473,7 @@ struct MatmulPlan {
 fn matmul_plan(a: &Shape, b: &Shape) -> OpResult<MatmulPlan> {
     let (ra, rb) = (a.rank(), b.rank());
     if ra == 0 || rb == 0 {
-        return Err(format!(
+        return Err(invalid!(
             "both arguments to matmul need to be at least 1-D, got {a} and {b}"
         ));
     }
@@ -482,7 +484,7 @@ fn matmul_plan(a: &Shape, b: &Shape) -> OpResult<MatmulPlan> {
         b.dims()[rb - 2]
     };
     if k_a != k_b {
-        return Err(format!(
+        return Err(invalid!(
             "matmul shapes {a} and {b} cannot be multiplied ({k_a} vs {k_b})"
         ));
     }

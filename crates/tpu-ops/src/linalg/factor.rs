@@ -13,6 +13,7 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -24,7 +25,7 @@ use crate::support::*;
 pub(super) fn matrix(t: &TensorType, what: &str) -> OpResult<(Vec<usize>, usize, usize)> {
     let d = t.shape.dims();
     if d.len() < 2 {
-        return Err(format!(
+        return Err(invalid!(
             "{what} must have at least 2 dimensions, got shape {}",
             t.shape
         ));
@@ -83,7 +84,7 @@ fn solve_plan(x: &[TensorType], attrs: &Attrs) -> OpResult<Solve> {
     };
     let shared = if plan.left { r } else { c };
     if n != n2 || ab != bb || shared != n || a.dtype != b.dtype {
-        return Err(format!(
+        return Err(invalid!(
             "needs a square matrix and a right-hand side with the same batch dims, dtype and {} {n}: got {} and {}",
             if plan.left { "rows" } else { "columns" },
             a,
@@ -285,7 +286,7 @@ fn cholesky_type(x: &[TensorType]) -> OpResult<TensorType> {
     let t = x.first().ok_or("missing input")?;
     let (_, n, m) = matrix(t, "the input")?;
     if n != m {
-        return Err(format!("needs square matrices, got shape {}", t.shape));
+        return Err(invalid!("needs square matrices, got shape {}", t.shape));
     }
     Ok(t.clone())
 }

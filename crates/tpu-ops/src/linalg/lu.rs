@@ -17,6 +17,7 @@
 use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -196,12 +197,12 @@ fn lu_ref(x: &HostTensor) -> OpResult<Vec<HostTensor>> {
 
 fn permutation_type(x: &[TensorType], attrs: &Attrs) -> OpResult<TensorType> {
     let p = x.first().ok_or("missing input")?;
-    require_dtype(p.dtype, &[DType::I32], "the pivots")?;
+    require_index_dtype(p.dtype, &[DType::I32], "the pivots")?;
     let d = p.shape.dims();
     let k = *d.last().ok_or("the pivots need at least 1 dimension")?;
     let rows = attrs.int("rows")?;
     if rows < k as i64 {
-        return Err(format!(
+        return Err(invalid!(
             "needs rows >= the pivots' length {k}, got rows = {rows}"
         ));
     }

@@ -5,6 +5,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array, int_range};
 use tpu_core::{DType, Shape};
@@ -68,7 +69,7 @@ fn pair(attrs: &Attrs, key: &str, default: Option<i64>, min: i64) -> OpResult<[u
     let v = match (attrs.ints_opt(key)?, default) {
         (Some(v), _) if !v.is_empty() => spatial_ints(attrs, key, 2, 0, min)?,
         (_, Some(d)) => vec![d as usize; 2],
-        _ => return Err(format!("missing attribute `{key}`")),
+        _ => return Err(invalid!("missing attribute `{key}`")),
     };
     Ok([v[0], v[1]])
 }
@@ -78,7 +79,7 @@ fn pool_args(x: &TensorType, attrs: &Attrs, max: bool, op: &str) -> OpResult<Poo
         3 => true,
         4 => false,
         r => {
-            return Err(format!(
+            return Err(invalid!(
                 "{op} expects a 3-D [C, H, W] or 4-D [N, C, H, W] input, got rank {r}"
             ));
         }
@@ -90,7 +91,7 @@ fn pool_args(x: &TensorType, attrs: &Attrs, max: bool, op: &str) -> OpResult<Poo
         [d[0], d[1], d[2], d[3]]
     };
     if input[1..].contains(&0) {
-        return Err(format!(
+        return Err(invalid!(
             "{op} expects nonzero channel and spatial sizes (only the batch may be empty), got {}",
             x.shape
         ));
@@ -105,14 +106,14 @@ fn pool_args(x: &TensorType, attrs: &Attrs, max: bool, op: &str) -> OpResult<Poo
         pair(attrs, "dilation", Some(1), 1)?
     } else {
         if attrs.get("dilation").is_some() {
-            return Err(format!("{op} has no dilation"));
+            return Err(invalid!("{op} has no dilation"));
         }
         [1, 1]
     };
     let mut output = [input[0], input[1], 0, 0];
     for i in 0..2 {
         if padding[i] > kernel[i] / 2 {
-            return Err(format!(
+            return Err(invalid!(
                 "{op}: padding {padding:?} must be at most half of kernel_size {kernel:?}"
             ));
         }
@@ -120,7 +121,7 @@ fn pool_args(x: &TensorType, attrs: &Attrs, max: bool, op: &str) -> OpResult<Poo
             .saturating_sub((dilation[i] as i64).saturating_mul(kernel[i] as i64 - 1))
             - 1;
         if span < 0 {
-            return Err(format!(
+            return Err(invalid!(
                 "{op}: input {} is too small for kernel_size {kernel:?}, dilation {dilation:?} and padding {padding:?}",
                 x.shape
             ));
@@ -376,7 +377,7 @@ fn infer_max_backward(x: &[TensorType], attrs: &Attrs) -> OpResult<(Pool, Tensor
     require_dtype(xt.dtype, FLOATS, "input")?;
     let p = pool_args(xt, attrs, true, "max_pool2d_backward")?;
     if gt.dtype != xt.dtype || gt.shape != p.out_shape() {
-        return Err(format!(
+        return Err(invalid!(
             "the output gradient must be {}{}, got {gt}",
             xt.dtype,
             p.out_shape()

@@ -4,6 +4,7 @@
 
 use ndarray::{ArrayD, Dimension, IxDyn};
 use tpu_core::host::{HostData, HostTensor};
+use tpu_core::invalid;
 use tpu_core::op::{Attrs, Gen, OpResult, Tape, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list, i64_array, int_range};
 use tpu_core::{DType, Shape};
@@ -16,7 +17,7 @@ pub(crate) fn require_index(d: DType, what: &str) -> OpResult<()> {
     if INDEX_DTYPES.contains(&d) {
         Ok(())
     } else {
-        Err(format!("{what} must be int64 or int32, got {d}"))
+        Err(invalid!("{what} must be int64 or int32, got {d}"))
     }
 }
 
@@ -141,13 +142,13 @@ pub(crate) enum Combine {
 
 impl Combine {
     /// `scatter_reduce`'s `reduce` keyword.
-    pub(crate) fn from_reduce(reduce: &str) -> Result<Combine, String> {
+    pub(crate) fn from_reduce(reduce: &str) -> OpResult<Combine> {
         match reduce {
             "sum" => Ok(Combine::Add),
             "prod" => Ok(Combine::Mul),
             "amax" => Ok(Combine::Max),
             "amin" => Ok(Combine::Min),
-            other => Err(format!(
+            other => Err(invalid!(
                 "reduce must be \"sum\", \"prod\", \"amax\" or \"amin\", got {other:?}"
             )),
         }

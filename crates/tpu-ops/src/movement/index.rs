@@ -2,7 +2,9 @@
 //! and `one_hot`.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -13,14 +15,14 @@ use crate::support::*;
 fn two<'a, T>(x: &'a [T], what: &str) -> OpResult<(&'a T, &'a T)> {
     match x {
         [a, b] => Ok((a, b)),
-        _ => Err(format!("takes ({what})")),
+        _ => Err(invalid!("takes ({what})")),
     }
 }
 
 /// An error when a non-empty index selects along an empty dimension.
 fn check_nonempty(size: usize, count: usize, dim: usize) -> OpResult<()> {
     if size == 0 && count > 0 {
-        Err(format!(
+        Err(out_of_range!(
             "index out of range: dimension {dim} is empty but {count} indices are given"
         ))
     } else {
@@ -36,17 +38,19 @@ fn gather_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<usiz
     require_index(idx.dtype, "index")?;
     let (xs, is) = (lift(&x.shape), lift(&idx.shape));
     if xs.rank() != is.rank() {
-        return Err(format!(
+        return Err(invalid!(
             "index {} must have as many dimensions as the input {}",
-            idx.shape, x.shape
+            idx.shape,
+            x.shape
         ));
     }
     let dim = dim_attr(attrs, "dim", None, x.shape.rank())?;
     for d in 0..xs.rank() {
         if d != dim && is.dims()[d] > xs.dims()[d] {
-            return Err(format!(
+            return Err(invalid!(
                 "index {} is larger than the input {} in dimension {d}",
-                idx.shape, x.shape
+                idx.shape,
+                x.shape
             ));
         }
     }
@@ -178,9 +182,10 @@ fn take_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<TakePl
         });
     };
     if x.shape.rank() != idx.shape.rank() {
-        return Err(format!(
+        return Err(invalid!(
             "input {} and index {} must have the same number of dimensions",
-            x.shape, idx.shape
+            x.shape,
+            idx.shape
         ));
     }
     let dim = normalize_dim_scalar_ok(d, x.shape.rank())?;
@@ -366,13 +371,16 @@ inventory::submit! {
 fn select_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<(usize, Shape)> {
     require_index(idx.dtype, "index")?;
     if idx.shape.rank() > 1 {
-        return Err(format!("index must be 0-D or 1-D, got shape {}", idx.shape));
+        return Err(invalid!(
+            "index must be 0-D or 1-D, got shape {}",
+            idx.shape
+        ));
     }
     let dim = dim_attr(attrs, "dim", None, x.shape.rank())?;
     let n = idx.shape.numel();
     if x.shape.rank() == 0 {
         if n != 1 {
-            return Err(format!("a 0-D input takes exactly one index, got {n}"));
+            return Err(invalid!("a 0-D input takes exactly one index, got {n}"));
         }
         return Ok((dim, Shape::scalar()));
     }
@@ -457,7 +465,7 @@ inventory::submit! {
 fn embedding_plan(w: &TensorType, idx: &TensorType) -> OpResult<Shape> {
     require_index(idx.dtype, "indices")?;
     if w.shape.rank() != 2 {
-        return Err(format!("weight must be 2-D, got shape {}", w.shape));
+        return Err(invalid!("weight must be 2-D, got shape {}", w.shape));
     }
     check_nonempty(w.shape.dims()[0], idx.shape.numel(), 0)?;
     let mut dims = idx.shape.dims().to_vec();
@@ -530,7 +538,7 @@ fn one_hot_plan(idx: &TensorType, attrs: &Attrs) -> OpResult<(usize, Shape)> {
     require_index(idx.dtype, "indices")?;
     let c = attrs.int("num_classes")?;
     if c <= 0 || c > 1 << 20 {
-        return Err(format!("num_classes must be in 1..=2^20, got {c}"));
+        return Err(invalid!("num_classes must be in 1..=2^20, got {c}"));
     }
     let mut dims = idx.shape.dims().to_vec();
     dims.push(c as usize);

@@ -1,6 +1,7 @@
 //! `concat`, `stack`, `split` and `chunk`.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -38,7 +39,9 @@ fn concat_plan(types: &[TensorType], attrs: &Attrs) -> OpResult<ConcatPlan> {
         .collect();
     let first = parts[0];
     if let Some(i) = types.iter().position(|t| t.shape.rank() == 0) {
-        return Err(format!("zero-dimensional input {i} cannot be concatenated"));
+        return Err(invalid!(
+            "zero-dimensional input {i} cannot be concatenated"
+        ));
     }
     let rank = first.shape.rank();
     let dim = normalize_dim(attrs.int_or("dim", 0)?, rank)?;
@@ -48,9 +51,10 @@ fn concat_plan(types: &[TensorType], attrs: &Attrs) -> OpResult<ConcatPlan> {
         let ok = t.shape.rank() == rank
             && (0..rank).all(|d| d == dim || t.shape.dims()[d] == first.shape.dims()[d]);
         if !ok {
-            return Err(format!(
+            return Err(invalid!(
                 "input shapes {} and {} differ outside dimension {dim} (input {i})",
-                first.shape, t.shape
+                first.shape,
+                t.shape
             ));
         }
         dims[dim] += t.shape.dims()[dim];
@@ -184,7 +188,7 @@ fn stack_plan(types: &[TensorType], attrs: &Attrs) -> OpResult<(usize, TensorTyp
     let dtype = joined_dtype(types)?;
     let first = &types[0].shape;
     if let Some(t) = types.iter().find(|t| t.shape != *first) {
-        return Err(format!(
+        return Err(invalid!(
             "stack needs equal shapes, got {first} and {}",
             t.shape
         ));
@@ -279,7 +283,7 @@ fn split_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
         Some(Attr::Int(n)) => {
             let n = *n;
             if n < 0 || (n == 0 && size > 0) {
-                return Err(format!("split size must be positive, got {n}"));
+                return Err(invalid!("split size must be positive, got {n}"));
             }
             if n == 0 {
                 vec![0]
@@ -290,10 +294,10 @@ fn split_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
         _ => {
             let sizes = attrs.ints("sizes")?;
             if sizes.is_empty() || sizes.len() > MAX_PARTS {
-                return Err(format!("split needs 1 to {MAX_PARTS} sizes"));
+                return Err(invalid!("split needs 1 to {MAX_PARTS} sizes"));
             }
             if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != size as i64 {
-                return Err(format!(
+                return Err(invalid!(
                     "split sizes {sizes:?} must be non-negative and add up to {size}, the size of dimension {dim}"
                 ));
             }
@@ -307,7 +311,7 @@ fn split_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
 fn even_parts(size: usize, n: usize) -> OpResult<Vec<usize>> {
     let count = size.div_ceil(n).max(1);
     if count > MAX_PARTS {
-        return Err(format!("split would give more than {MAX_PARTS} outputs"));
+        return Err(invalid!("split would give more than {MAX_PARTS} outputs"));
     }
     Ok((0..count)
         .map(|i| n.min(size - (i * n).min(size)))
@@ -434,12 +438,12 @@ fn chunk_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
     let dim = normalize_dim(attrs.int_or("dim", 0)?, shape.rank())?;
     let chunks = attrs.int("chunks")?;
     if chunks <= 0 {
-        return Err(format!("chunks must be greater than 0, got {chunks}"));
+        return Err(invalid!("chunks must be greater than 0, got {chunks}"));
     }
     let size = shape.dims()[dim];
     if size == 0 {
         if chunks as usize > MAX_PARTS {
-            return Err(format!("chunk would give more than {MAX_PARTS} outputs"));
+            return Err(invalid!("chunk would give more than {MAX_PARTS} outputs"));
         }
         return Ok((dim, vec![0; chunks as usize]));
     }

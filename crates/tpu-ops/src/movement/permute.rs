@@ -2,6 +2,7 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
@@ -13,7 +14,7 @@ use crate::support::*;
 fn permutation(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
     let dims = attrs.ints("dims")?;
     if dims.len() != rank {
-        return Err(format!(
+        return Err(invalid!(
             "dims {dims:?} must list each of the {rank} dimensions once"
         ));
     }
@@ -24,7 +25,7 @@ fn permutation(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
     let mut seen = vec![false; rank];
     for &p in &perm {
         if std::mem::replace(&mut seen[p], true) {
-            return Err(format!("dims {dims:?} repeats a dimension"));
+            return Err(invalid!("dims {dims:?} repeats a dimension"));
         }
     }
     Ok(perm)
@@ -332,7 +333,7 @@ fn roll_plan(x: &TensorType, attrs: &Attrs) -> OpResult<Vec<(usize, usize)>> {
     let (dims, sizes) = match attrs.ints_opt("dims")? {
         Some(dims) if !dims.is_empty() => {
             if dims.len() != shifts.len() {
-                return Err(format!(
+                return Err(invalid!(
                     "shifts ({} values) and dims ({} values) must have the same length",
                     shifts.len(),
                     dims.len()
@@ -347,7 +348,7 @@ fn roll_plan(x: &TensorType, attrs: &Attrs) -> OpResult<Vec<(usize, usize)>> {
         }
         _ => {
             if shifts.len() != 1 {
-                return Err(format!(
+                return Err(invalid!(
                     "without dims, roll takes one shift, not {}",
                     shifts.len()
                 ));

@@ -2,6 +2,7 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::TensorType;
 
@@ -14,7 +15,7 @@ fn reshape_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     let known: i64 = dims.iter().filter(|&&d| d >= 0).product();
     let wildcards = dims.iter().filter(|&&d| d == -1).count();
     if wildcards > 1 || dims.iter().any(|&d| d < -1) {
-        return Err(format!(
+        return Err(invalid!(
             "shape {dims:?} may hold at most one -1 and no other negative size"
         ));
     }
@@ -35,7 +36,7 @@ fn reshape_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
         .collect();
     let target = Shape::new(out);
     if target.numel() != from.numel() {
-        return Err(format!(
+        return Err(invalid!(
             "cannot reshape {from} ({} elements) to {dims:?}",
             from.numel()
         ));
@@ -92,7 +93,7 @@ inventory::submit! {
 fn broadcast_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     let dims = attrs.ints("shape")?;
     if dims.len() < from.rank() {
-        return Err(format!(
+        return Err(invalid!(
             "cannot broadcast {from} to the lower-rank shape {dims:?}"
         ));
     }
@@ -103,9 +104,9 @@ fn broadcast_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
         .map(
             |(i, &d)| match (d, i.checked_sub(offset).map(|j| from.dims()[j])) {
                 (-1, Some(s)) => Ok(s),
-                (d, _) if d < 0 => Err(format!("shape {dims:?} has an invalid size {d}")),
+                (d, _) if d < 0 => Err(invalid!("shape {dims:?} has an invalid size {d}")),
                 (d, Some(s)) if s != 1 && s as i64 != d => {
-                    Err(format!("cannot broadcast {from} to {dims:?}"))
+                    Err(invalid!("cannot broadcast {from} to {dims:?}"))
                 }
                 (d, _) => Ok(d as usize),
             },

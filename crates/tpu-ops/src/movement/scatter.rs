@@ -2,7 +2,9 @@
 //! `index_add`.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -21,9 +23,10 @@ fn same_dtype(x: &TensorType, src: &TensorType) -> OpResult<()> {
     if x.dtype == src.dtype {
         Ok(())
     } else {
-        Err(format!(
+        Err(invalid!(
             "src dtype {} must equal the input dtype {}",
-            src.dtype, x.dtype
+            src.dtype,
+            x.dtype
         ))
     }
 }
@@ -43,22 +46,26 @@ fn scatter_plan(
     same_dtype(x, src)?;
     let (xs, is, ss) = (lift(&x.shape), lift(&idx.shape), lift(&src.shape));
     if xs.rank() != is.rank() || ss.rank() != is.rank() {
-        return Err(format!(
+        return Err(invalid!(
             "input {}, index {} and src {} must have the same number of dimensions",
-            x.shape, idx.shape, src.shape
+            x.shape,
+            idx.shape,
+            src.shape
         ));
     }
     let dim = dim_attr(attrs, "dim", None, x.shape.rank())?;
     for d in 0..xs.rank() {
         if is.dims()[d] > ss.dims()[d] || (d != dim && is.dims()[d] > xs.dims()[d]) {
-            return Err(format!(
+            return Err(invalid!(
                 "index {} must be no larger than src {} in every dimension and than the input {} outside dimension {dim}",
-                idx.shape, src.shape, x.shape
+                idx.shape,
+                src.shape,
+                x.shape
             ));
         }
     }
     if xs.dims()[dim] == 0 && is.numel() > 0 {
-        return Err(format!(
+        return Err(out_of_range!(
             "index out of range: dimension {dim} of the input is empty"
         ));
     }
@@ -287,7 +294,10 @@ fn index_add_plan(
     require_index(idx.dtype, "index")?;
     same_dtype(x, src)?;
     if idx.shape.rank() > 1 {
-        return Err(format!("index must be 0-D or 1-D, got shape {}", idx.shape));
+        return Err(invalid!(
+            "index must be 0-D or 1-D, got shape {}",
+            idx.shape
+        ));
     }
     let dim = dim_attr(attrs, "dim", None, x.shape.rank())?;
     let n = idx.shape.numel();
@@ -297,13 +307,14 @@ fn index_add_plan(
     let want = Shape::new(want);
     let ok = lift(&src.shape) == want && (x.shape.rank() > 0 || src.shape.rank() == 0);
     if !ok {
-        return Err(format!(
+        return Err(invalid!(
             "src {} must be shaped like the input {} with dimension {dim} of size {n}",
-            src.shape, x.shape
+            src.shape,
+            x.shape
         ));
     }
     if xs.dims()[dim] == 0 && n > 0 {
-        return Err(format!(
+        return Err(out_of_range!(
             "index out of range: dimension {dim} of the input is empty"
         ));
     }

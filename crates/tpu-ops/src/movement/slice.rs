@@ -2,7 +2,9 @@
 
 use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
@@ -78,7 +80,7 @@ fn slice_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
     let size = shape.dims()[dim] as i64;
     let step = attrs.int_or("step", 1)?;
     if step <= 0 {
-        return Err(format!("slice step must be positive, got {step}"));
+        return Err(invalid!("slice step must be positive, got {step}"));
     }
     let clamp = |v: i64| {
         let v = if v < 0 { v.saturating_add(size) } else { v };
@@ -183,13 +185,13 @@ fn narrow_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
     let start = attrs.int("start")?;
     let length = attrs.int("length")?;
     if start < -size || start > size {
-        return Err(format!(
+        return Err(out_of_range!(
             "start {start} is out of range for dimension {dim} of size {size}"
         ));
     }
     let start = if start < 0 { start + size } else { start };
     if length < 0 || start + length > size {
-        return Err(format!(
+        return Err(invalid!(
             "start {start} + length {length} exceeds dimension {dim} of size {size}"
         ));
     }
@@ -259,7 +261,7 @@ fn select_range(shape: &Shape, attrs: &Attrs) -> OpResult<(Range, Shape)> {
     let size = shape.dims()[dim] as i64;
     let index = attrs.int("index")?;
     if index < -size || index >= size {
-        return Err(format!(
+        return Err(out_of_range!(
             "index {index} is out of range for dimension {dim} of size {size}"
         ));
     }
@@ -329,7 +331,7 @@ fn pad_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(Vec<i64>, Vec<i64>, Shape
     attrs.float_or("value", 0.0)?;
     let rank = shape.rank();
     if pad.len() % 2 != 0 || pad.len() / 2 > rank {
-        return Err(format!(
+        return Err(invalid!(
             "pad {pad:?} must hold a (low, high) pair for at most {rank} dims"
         ));
     }

@@ -1,6 +1,7 @@
 //! `sort` (stable; values and i64 indices) and `topk`.
 
 use std::cmp::Ordering;
+use tpu_core::invalid;
 
 use ndarray::{ArrayD, Axis, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
@@ -270,7 +271,7 @@ fn topk_plan(x: &TensorType, attrs: &Attrs) -> OpResult<(usize, usize, bool)> {
     let size = lift(&x.shape).dims()[dim] as i64;
     let lo = if x.shape.rank() == 0 { 1 } else { 0 };
     if k < lo || k > size {
-        return Err(format!(
+        return Err(invalid!(
             "k = {k} is out of range for dimension {dim} of size {size}"
         ));
     }

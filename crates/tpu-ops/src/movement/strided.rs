@@ -3,6 +3,7 @@
 //! offset.
 
 use std::cmp::Reverse;
+use tpu_core::invalid;
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
@@ -29,18 +30,18 @@ impl View {
         let stride = attrs.ints("stride")?;
         let offset = attrs.int_or("offset", 0)?;
         if size.len() != stride.len() {
-            return Err(format!(
+            return Err(invalid!(
                 "size {size:?} and stride {stride:?} must have the same length"
             ));
         }
         if let Some(s) = size.iter().find(|&&s| s < 0) {
-            return Err(format!("size {size:?} has a negative entry {s}"));
+            return Err(invalid!("size {size:?} has a negative entry {s}"));
         }
         if let Some(s) = stride.iter().find(|&&s| s < 0) {
-            return Err(format!("stride {stride:?} has a negative entry {s}"));
+            return Err(invalid!("stride {stride:?} has a negative entry {s}"));
         }
         if offset < 0 {
-            return Err(format!("offset must be >= 0, got {offset}"));
+            return Err(invalid!("offset must be >= 0, got {offset}"));
         }
         let view = View {
             size: size.iter().map(|&s| s as usize).collect(),
@@ -66,7 +67,7 @@ impl View {
             })
             .ok_or_else(overflow)?;
         if last >= numel {
-            return Err(format!(
+            return Err(invalid!(
                 "a view of size {size:?}, stride {stride:?} and offset {offset} reaches element {last}, but the input has only {numel} elements"
             ));
         }
@@ -318,21 +319,23 @@ fn two<T>(x: &[T]) -> OpResult<(&T, &T)> {
 fn scatter_view(base: &TensorType, src: &TensorType, attrs: &Attrs) -> OpResult<View> {
     let v = View::parse(base.shape.numel(), attrs)?;
     if let Some(d) = v.broadcast_dim() {
-        return Err(format!(
+        return Err(invalid!(
             "dimension {d} has stride 0 and size {}: writing through a broadcast view is ill-defined",
             v.size[d]
         ));
     }
     if src.shape != v.shape() {
-        return Err(format!(
+        return Err(invalid!(
             "src shape {} must equal the view size {:?}",
-            src.shape, v.size
+            src.shape,
+            v.size
         ));
     }
     if src.dtype != base.dtype {
-        return Err(format!(
+        return Err(invalid!(
             "src dtype {} must equal the input dtype {}",
-            src.dtype, base.dtype
+            src.dtype,
+            base.dtype
         ));
     }
     Ok(v)
@@ -797,7 +800,7 @@ mod tests {
     #[test]
     fn bad_views_are_rejected_with_their_numbers() {
         let x = [TensorType::new(DType::F32, [2, 3])];
-        let infer = |attrs: &Attrs| (def("as_strided").infer)(&x, attrs).unwrap_err();
+        let infer = |attrs: &Attrs| (def("as_strided").infer)(&x, attrs).unwrap_err().message;
         assert!(infer(&view(&[2], &[1, 1], 0)).contains("same length"));
         let e = infer(
             &Attrs::new()
@@ -822,7 +825,9 @@ mod tests {
 
         let scatter = |src: &[usize], attrs: &Attrs| {
             let types = [x[0].clone(), TensorType::new(DType::F32, Shape::from(src))];
-            (def("as_strided_scatter").infer)(&types, attrs).unwrap_err()
+            (def("as_strided_scatter").infer)(&types, attrs)
+                .unwrap_err()
+                .message
         };
         assert!(scatter(&[2, 3], &view(&[2, 3], &[0, 1], 0)).contains("stride 0"));
         assert!(scatter(&[3], &view(&[2], &[1], 0)).contains("src shape"));

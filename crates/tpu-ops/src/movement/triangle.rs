@@ -2,6 +2,7 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -11,7 +12,7 @@ use crate::support::*;
 
 fn check(t: &TensorType, attrs: &Attrs) -> OpResult<i64> {
     if t.shape.rank() < 2 {
-        return Err(format!(
+        return Err(invalid!(
             "needs at least 2 dimensions, got shape {}",
             t.shape
         ));

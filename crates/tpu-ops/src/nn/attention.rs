@@ -8,6 +8,7 @@
 //! masked gives zeros (and zero gradients), as PyTorch's CPU kernel does.
 
 use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, dim_list};
 use tpu_core::{DType, Shape};
@@ -39,7 +40,7 @@ impl Attn {
 fn split_last2(t: &TensorType, what: &str) -> OpResult<(Shape, usize, usize)> {
     let r = t.shape.rank();
     if r < 2 {
-        return Err(format!("{what} must have rank >= 2, got {}", t.shape));
+        return Err(invalid!("{what} must have rank >= 2, got {}", t.shape));
     }
     let d = t.shape.dims();
     Ok((Shape::from(&d[..r - 2]), d[r - 2], d[r - 1]))
@@ -54,9 +55,10 @@ fn attn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<Attn> {
     require_dtype(q.dtype, FLOATS, "q")?;
     for (t, what) in [(k, "k"), (v, "v")] {
         if t.dtype != q.dtype {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} dtype {} must match q dtype {}",
-                t.dtype, q.dtype
+                t.dtype,
+                q.dtype
             ));
         }
     }
@@ -64,15 +66,17 @@ fn attn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<Attn> {
     let (kb, s, ek) = split_last2(k, "k")?;
     let (vb, sv, ev) = split_last2(v, "v")?;
     if ek != e {
-        return Err(format!(
+        return Err(invalid!(
             "q {} and k {} must share the last dim",
-            q.shape, k.shape
+            q.shape,
+            k.shape
         ));
     }
     if sv != s {
-        return Err(format!(
+        return Err(invalid!(
             "k {} and v {} must share the sequence dim",
-            k.shape, v.shape
+            k.shape,
+            v.shape
         ));
     }
     let batch = broadcast_all([&qb, &kb, &vb])?;
@@ -82,13 +86,17 @@ fn attn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<Attn> {
             return Err("an explicit mask cannot be combined with causal=true".into());
         }
         if m.dtype != DType::Bool && m.dtype != q.dtype {
-            return Err(format!("mask must be bool or {}, got {}", q.dtype, m.dtype));
+            return Err(invalid!(
+                "mask must be bool or {}, got {}",
+                q.dtype,
+                m.dtype
+            ));
         }
         let mut full = batch.dims().to_vec();
         full.extend([l, s]);
         let full = Shape::new(full);
         if broadcast_shapes(&m.shape, &full).ok().as_ref() != Some(&full) {
-            return Err(format!("mask {} does not broadcast to {full}", m.shape));
+            return Err(invalid!("mask {} does not broadcast to {full}", m.shape));
         }
     }
     let scale = attrs.float_opt("scale")?.unwrap_or(1.0 / (e as f64).sqrt());

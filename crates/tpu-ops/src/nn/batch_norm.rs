@@ -8,6 +8,7 @@
 //! statistics and returns them unchanged. f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -36,18 +37,19 @@ fn bn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<BnArgs> {
     require_dtype(x.dtype, FLOATS, "input")?;
     let rank = x.shape.rank();
     if rank < 2 {
-        return Err(format!("input must be (N, C, ...), got {}", x.shape));
+        return Err(invalid!("input must be (N, C, ...), got {}", x.shape));
     }
     let c = x.shape.dims()[1];
     let names = ["weight", "bias", "running_mean", "running_var"];
     for (p, what) in params.iter().zip(names) {
         if p.shape != Shape::from([c]) {
-            return Err(format!("{what} must have shape [{c}], got {}", p.shape));
+            return Err(invalid!("{what} must have shape [{c}], got {}", p.shape));
         }
         if p.dtype != x.dtype {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} dtype {} must match the input dtype {}",
-                p.dtype, x.dtype
+                p.dtype,
+                x.dtype
             ));
         }
     }
@@ -55,7 +57,7 @@ fn bn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<BnArgs> {
     let count = count(x.shape.dims(), &dims);
     let training = attrs.bool_or("training", false)?;
     if training && count == 1 {
-        return Err(format!(
+        return Err(invalid!(
             "expected more than 1 value per channel when training, got input {}",
             x.shape
         ));
@@ -63,7 +65,7 @@ fn bn_args(inputs: &[TensorType], attrs: &Attrs) -> OpResult<BnArgs> {
     let momentum = attrs.float_or("momentum", 0.1)?;
     let eps = attrs.float_or("eps", 1e-5)?;
     if !momentum.is_finite() || !eps.is_finite() || eps < 0.0 {
-        return Err(format!(
+        return Err(invalid!(
             "momentum must be finite and eps finite and >= 0, got {momentum} and {eps}"
         ));
     }

@@ -8,6 +8,7 @@
 //! nothing: its negative log-likelihood term is 0.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -41,7 +42,7 @@ fn loss_args(inputs: &[TensorType], attrs: &Attrs, smoothing_ok: bool) -> OpResu
         return Err("takes (input, target)".into());
     };
     require_dtype(x.dtype, FLOATS, "input")?;
-    require_dtype(t.dtype, &[DType::I64, DType::I32], "target (class indices)")?;
+    require_index_dtype(t.dtype, &[DType::I64, DType::I32], "target (class indices)")?;
     let rank = x.shape.rank();
     if rank == 0 {
         return Err("input must have a class dimension: (C) or (N, C, ...)".into());
@@ -53,9 +54,10 @@ fn loss_args(inputs: &[TensorType], attrs: &Attrs, smoothing_ok: bool) -> OpResu
     }
     let target = reduced_shape(&x.shape, &[class_dim], false);
     if t.shape != target {
-        return Err(format!(
+        return Err(invalid!(
             "target shape {} must be the input shape {} without the class dim, {target}",
-            t.shape, x.shape
+            t.shape,
+            x.shape
         ));
     }
     let smoothing = if smoothing_ok {
@@ -64,7 +66,7 @@ fn loss_args(inputs: &[TensorType], attrs: &Attrs, smoothing_ok: bool) -> OpResu
         0.0
     };
     if !(0.0..=1.0).contains(&smoothing) {
-        return Err(format!(
+        return Err(invalid!(
             "label_smoothing must be in [0, 1], got {smoothing}"
         ));
     }
@@ -73,7 +75,7 @@ fn loss_args(inputs: &[TensorType], attrs: &Attrs, smoothing_ok: bool) -> OpResu
         "sum" => Reduction::Sum,
         "mean" => Reduction::Mean,
         other => {
-            return Err(format!(
+            return Err(invalid!(
                 "reduction must be \"none\", \"sum\" or \"mean\", got {other:?}"
             ));
         }

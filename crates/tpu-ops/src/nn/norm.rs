@@ -5,6 +5,7 @@
 //! f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -40,7 +41,7 @@ impl Kind {
 fn norm_args(kind: Kind, inputs: &[TensorType], attrs: &Attrs) -> OpResult<(Vec<usize>, f64)> {
     let x = first(inputs)?;
     if inputs.len() > kind.max_inputs() {
-        return Err(format!(
+        return Err(invalid!(
             "takes at most {} inputs, got {}",
             kind.max_inputs(),
             inputs.len()
@@ -53,7 +54,7 @@ fn norm_args(kind: Kind, inputs: &[TensorType], attrs: &Attrs) -> OpResult<(Vec<
         None => inputs.get(1).map_or(1, |w| w.shape.rank() as i64),
     };
     if nd < 1 || nd > rank as i64 {
-        return Err(format!(
+        return Err(invalid!(
             "normalized_dims must be in 1..={rank} for an input of rank {rank}, got {nd}"
         ));
     }
@@ -62,16 +63,17 @@ fn norm_args(kind: Kind, inputs: &[TensorType], attrs: &Attrs) -> OpResult<(Vec<
     for (i, p) in inputs.iter().enumerate().skip(1) {
         let what = if i == 1 { "weight" } else { "bias" };
         if p.shape.dims() != trailing {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} shape {} must equal the normalized shape {}",
                 p.shape,
                 Shape::from(trailing)
             ));
         }
         if p.dtype != x.dtype {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} dtype {} must match the input dtype {}",
-                p.dtype, x.dtype
+                p.dtype,
+                x.dtype
             ));
         }
     }
@@ -79,7 +81,7 @@ fn norm_args(kind: Kind, inputs: &[TensorType], attrs: &Attrs) -> OpResult<(Vec<
     // Any finite eps, as in PyTorch (a negative one can make the variance
     // term negative, which gives NaN there as it does on CPU).
     if !eps.is_finite() {
-        return Err(format!("eps must be finite, got {eps}"));
+        return Err(invalid!("eps must be finite, got {eps}"));
     }
     Ok((dims, eps))
 }

@@ -13,6 +13,8 @@
 
 use tpu_core::DType;
 use tpu_core::host::HostTensor;
+use tpu_core::invalid;
+use tpu_core::op::OpResult;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 /// Constants mixed into the key words.
@@ -58,26 +60,26 @@ pub(crate) fn mantissa(bits: u32) -> u32 {
 pub(crate) const UNIT: f64 = 1.0 / 16_777_216.0;
 
 /// The key words of a key tensor (already checked to be `u32[2]`).
-pub(crate) fn key_words(key: &HostTensor) -> Result<(u32, u32), String> {
+pub(crate) fn key_words(key: &HostTensor) -> OpResult<(u32, u32)> {
     let k = key.to_i64();
     let words: Vec<i64> = k.iter().copied().collect();
     match words[..] {
         [a, b] => Ok((a as u32, b as u32)),
-        _ => Err(format!("a key must hold 2 values, got {}", words.len())),
+        _ => Err(invalid!("a key must hold 2 values, got {}", words.len())),
     }
 }
 
 /// Every element's bits of stream `stream`, row-major.
-pub(crate) fn host_bits(key: &HostTensor, n: usize, stream: usize) -> Result<Vec<u32>, String> {
+pub(crate) fn host_bits(key: &HostTensor, n: usize, stream: usize) -> OpResult<Vec<u32>> {
     let (k0, k1) = key_words(key)?;
     let s = seeds(k0, k1);
     Ok((0..n).map(|i| bits(s, i as u32, stream)).collect())
 }
 
 /// Checks that `key` is a `u32[2]` key.
-pub(crate) fn check_key(key: &TensorType) -> Result<(), String> {
+pub(crate) fn check_key(key: &TensorType) -> OpResult<()> {
     if key.dtype != DType::U32 || key.shape.dims() != [2] {
-        return Err(format!(
+        return Err(invalid!(
             "a key must be a u32 tensor of shape [2], got {key}"
         ));
     }

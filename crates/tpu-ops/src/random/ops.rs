@@ -5,6 +5,7 @@
 
 use ndarray::Zip;
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -18,7 +19,7 @@ use crate::support::*;
 fn shape_of(attrs: &Attrs) -> OpResult<Shape> {
     let dims = attrs.ints("shape")?;
     if let Some(d) = dims.iter().find(|&&d| d < 0) {
-        return Err(format!("shape {dims:?} has a negative dimension {d}"));
+        return Err(invalid!("shape {dims:?} has a negative dimension {d}"));
     }
     let shape = Shape::new(dims.iter().map(|&d| d as usize).collect::<Vec<_>>());
     check_count(&shape)?;
@@ -27,7 +28,7 @@ fn shape_of(attrs: &Attrs) -> OpResult<Shape> {
 
 fn check_count(shape: &Shape) -> OpResult<()> {
     if shape.numel() as u64 > u64::from(u32::MAX) {
-        return Err(format!(
+        return Err(invalid!(
             "shape {shape} has more elements than the generator's 32-bit counter allows"
         ));
     }
@@ -61,7 +62,7 @@ fn float_dtype(attrs: &Attrs) -> OpResult<DType> {
 fn probability(attrs: &Attrs) -> OpResult<f64> {
     let p = attrs.float("p")?;
     if !(0.0..=1.0).contains(&p) {
-        return Err(format!("probability p must be in [0, 1], got {p}"));
+        return Err(invalid!("probability p must be in [0, 1], got {p}"));
     }
     Ok(p)
 }
@@ -90,7 +91,7 @@ struct UniformArgs {
 fn uniform_args(attrs: &Attrs) -> OpResult<UniformArgs> {
     let (low, high) = (attrs.float_or("low", 0.0)?, attrs.float_or("high", 1.0)?);
     if !(low.is_finite() && high.is_finite() && low <= high) {
-        return Err(format!(
+        return Err(invalid!(
             "uniform needs finite low <= high, got low = {low}, high = {high}"
         ));
     }
@@ -181,7 +182,7 @@ struct NormalArgs {
 fn normal_args(attrs: &Attrs) -> OpResult<NormalArgs> {
     let (mean, std) = (attrs.float_or("mean", 0.0)?, attrs.float_or("std", 1.0)?);
     if !(mean.is_finite() && std.is_finite() && std >= 0.0) {
-        return Err(format!(
+        return Err(invalid!(
             "normal needs a finite mean and a finite std >= 0, got mean = {mean}, std = {std}"
         ));
     }
@@ -316,7 +317,7 @@ inventory::submit! {
             let mask = host_mask(one(x)?, shape.numel(), probability(attrs)?)?;
             HostTensor::from_i64(DType::Bool, shape, mask.into_iter().map(i64::from).collect())
                 .map(|t| vec![t])
-                .ok_or_else(|| "bernoulli value count mismatch".to_string())
+                .ok_or_else(|| "bernoulli value count mismatch".into())
         },
         vjp: None,
         tolerance: Tolerance::for_dtype,

@@ -6,6 +6,7 @@
 use tpu_core::DType;
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array};
 
@@ -133,7 +134,7 @@ fn infer_arg(inputs: &[TensorType], attrs: &Attrs, what: &str) -> OpResult<Vec<T
     let (dim, keepdim) = arg_args(&t.shape, attrs)?;
     match dim {
         None if t.shape.numel() == 0 => {
-            return Err(format!(
+            return Err(invalid!(
                 "{what} of an empty tensor ({}) without a `dim`",
                 t.shape
             ));

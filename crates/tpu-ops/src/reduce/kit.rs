@@ -3,6 +3,7 @@
 
 use ndarray::{ArrayD, Axis, IxDyn};
 use tpu_core::host::HostTensor;
+use tpu_core::invalid;
 use tpu_core::op::{Attrs, Gen, OpResult, Sample, Tape, Var};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, int_range};
 use tpu_core::{DType, Shape};
@@ -13,7 +14,7 @@ pub(crate) use super::sum::{accumulator, reduce_args, reduce_sample};
 
 /// The first input type of an op.
 pub(crate) fn first(inputs: &[TensorType]) -> OpResult<&TensorType> {
-    inputs.first().ok_or_else(|| "missing input".to_string())
+    inputs.first().ok_or_else(|| "missing input".into())
 }
 
 /// The dims of a rank-`rank` tensor that a reduction over `dims` keeps.
@@ -30,7 +31,7 @@ pub(crate) fn count(shape: &[usize], dims: &[usize]) -> usize {
 /// identity there).
 pub(crate) fn require_nonempty(shape: &Shape, dims: &[usize], what: &str) -> OpResult<()> {
     match dims.iter().find(|&&d| shape.dims()[d] == 0) {
-        Some(d) => Err(format!(
+        Some(d) => Err(invalid!(
             "{what} of an empty set: dimension {d} of {shape} has size 0"
         )),
         None => Ok(()),
@@ -183,7 +184,7 @@ pub(crate) fn int_result(
 ) -> OpResult<HostTensor> {
     let n = values.len();
     let t = HostTensor::from_i64(dtype, kept_shape.to_vec(), values)
-        .ok_or_else(|| format!("{n} values do not fill {kept_shape:?}"))?;
+        .ok_or_else(|| invalid!("{n} values do not fill {kept_shape:?}"))?;
     reshape_to(&t, out)
 }
 

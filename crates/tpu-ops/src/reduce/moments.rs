@@ -3,6 +3,7 @@
 //! PyTorch (so one value with correction 1 gives NaN). Float inputs only.
 
 use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
@@ -15,7 +16,7 @@ fn correction(attrs: &Attrs) -> OpResult<f64> {
     if c.is_finite() {
         Ok(c)
     } else {
-        Err(format!("correction must be finite, got {c}"))
+        Err(invalid!("correction must be finite, got {c}"))
     }
 }
 

@@ -3,16 +3,12 @@
 
 use tpu_core::DType;
 use tpu_core::host::HostTensor;
+use tpu_core::op::OpResult;
 use tpu_core::op::{Attrs, run_reference};
 
-pub(crate) fn run(
-    op: &str,
-    inputs: Vec<HostTensor>,
-    attrs: Attrs,
-) -> Result<Vec<HostTensor>, String> {
-    let registry = crate::registry().map_err(|e| e.to_string())?;
-    let def = registry.get(op).map_err(|e| e.to_string())?;
-    run_reference(def, &inputs, &attrs).map_err(|e| e.to_string())
+pub(crate) fn run(op: &str, inputs: Vec<HostTensor>, attrs: Attrs) -> OpResult<Vec<HostTensor>> {
+    let def = crate::registry()?.get(op)?;
+    Ok(run_reference(def, &inputs, &attrs)?)
 }
 
 pub(crate) fn values(t: &HostTensor) -> Vec<f64> {

@@ -1,7 +1,9 @@
 //! Dtype sets and PyTorch's type promotion.
 
 use tpu_core::DType;
+use tpu_core::op::{OpError, OpResult};
 use tpu_core::stablehlo::TensorType;
+use tpu_core::unsupported;
 
 /// Float dtypes.
 pub const FLOATS: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -130,17 +132,24 @@ pub fn to_float(d: DType) -> DType {
     if d.is_float() { d } else { DType::F32 }
 }
 
-/// An error unless `d` is in `allowed`.
-pub fn require_dtype(d: DType, allowed: &[DType], what: &str) -> Result<(), String> {
+/// An error unless `d` is in `allowed`: the op does not implement other
+/// dtypes ([`OpErrorKind::Unsupported`](tpu_core::op::OpErrorKind)).
+pub fn require_dtype(d: DType, allowed: &[DType], what: &str) -> OpResult<()> {
     if allowed.contains(&d) {
         Ok(())
     } else {
         let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
-        Err(format!(
+        Err(unsupported!(
             "{what} must be one of [{}], got {d}",
             names.join(", ")
         ))
     }
+}
+
+/// An error unless `d` is in `allowed`, for inputs that hold indices
+/// (targets, pivots): another dtype is a mistake in the call.
+pub fn require_index_dtype(d: DType, allowed: &[DType], what: &str) -> OpResult<()> {
+    require_dtype(d, allowed, what).map_err(|e| OpError::invalid(e.message))
 }
 
 #[cfg(test)]

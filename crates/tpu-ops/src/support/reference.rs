@@ -3,13 +3,15 @@
 
 use ndarray::{ArrayD, IxDyn, Zip};
 use tpu_core::host::{HostData, HostTensor};
+use tpu_core::invalid;
+use tpu_core::op::OpResult;
 use tpu_core::{DType, Shape};
 
 /// Broadcasts an array to `shape` (NumPy rules), as an owned array.
-pub fn broadcast_array<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> Result<ArrayD<T>, String> {
+pub fn broadcast_array<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> OpResult<ArrayD<T>> {
     a.broadcast(IxDyn(shape))
         .map(|v| v.to_owned())
-        .ok_or_else(|| format!("cannot broadcast {:?} to {shape:?}", a.shape()))
+        .ok_or_else(|| invalid!("cannot broadcast {:?} to {shape:?}", a.shape()))
 }
 
 /// Applies `f` to each value of `x` computed as float, giving dtype `out`.
@@ -39,7 +41,7 @@ pub fn map_predicate(
 }
 
 /// The output shape of broadcasting `a` with `b`.
-fn out_shape(a: &HostTensor, b: &HostTensor) -> Result<Shape, String> {
+fn out_shape(a: &HostTensor, b: &HostTensor) -> OpResult<Shape> {
     super::broadcast_shapes(&a.shape(), &b.shape())
 }
 
@@ -49,7 +51,7 @@ pub fn zip_f64(
     b: &ArrayD<f64>,
     shape: &[usize],
     f: impl Fn(f64, f64) -> f64,
-) -> Result<ArrayD<f64>, String> {
+) -> OpResult<ArrayD<f64>> {
     let (a, b) = (broadcast_array(a, shape)?, broadcast_array(b, shape)?);
     Ok(Zip::from(&a).and(&b).map_collect(|&x, &y| f(x, y)))
 }
@@ -60,7 +62,7 @@ pub fn zip_i64(
     b: &ArrayD<i64>,
     shape: &[usize],
     f: impl Fn(i64, i64) -> i64,
-) -> Result<ArrayD<i64>, String> {
+) -> OpResult<ArrayD<i64>> {
     let (a, b) = (broadcast_array(a, shape)?, broadcast_array(b, shape)?);
     Ok(Zip::from(&a).and(&b).map_collect(|&x, &y| f(x, y)))
 }
@@ -74,7 +76,7 @@ pub fn binary(
     out: DType,
     ff: impl Fn(f64, f64) -> f64,
     fi: impl Fn(i64, i64) -> i64,
-) -> Result<HostTensor, String> {
+) -> OpResult<HostTensor> {
     let shape = out_shape(a, b)?;
     let (a, b) = (a.cast(compute), b.cast(compute));
     if compute.is_float() {
@@ -97,7 +99,7 @@ pub fn compare(
     compute: DType,
     ff: impl Fn(f64, f64) -> bool,
     fi: impl Fn(i64, i64) -> bool,
-) -> Result<HostTensor, String> {
+) -> OpResult<HostTensor> {
     binary(
         a,
         b,
@@ -109,19 +111,19 @@ pub fn compare(
 }
 
 /// A tensor of `shape` from row-major values.
-pub fn tensor_f64(dtype: DType, shape: &[usize], values: Vec<f64>) -> Result<HostTensor, String> {
+pub fn tensor_f64(dtype: DType, shape: &[usize], values: Vec<f64>) -> OpResult<HostTensor> {
     let n = values.len();
     HostTensor::from_f64(dtype, shape.to_vec(), values)
-        .ok_or_else(|| format!("{n} values do not fill {shape:?}"))
+        .ok_or_else(|| invalid!("{n} values do not fill {shape:?}"))
 }
 
 /// The only input of a unary reference.
-pub fn one(inputs: &[HostTensor]) -> Result<&HostTensor, String> {
-    inputs.first().ok_or_else(|| "missing input".to_string())
+pub fn one(inputs: &[HostTensor]) -> OpResult<&HostTensor> {
+    inputs.first().ok_or_else(|| "missing input".into())
 }
 
 /// `x` with its elements regrouped into `shape` (same count).
-pub fn reshape_to(x: &HostTensor, shape: &Shape) -> Result<HostTensor, String> {
+pub fn reshape_to(x: &HostTensor, shape: &Shape) -> OpResult<HostTensor> {
     let dims = IxDyn(shape.dims());
     let bad = |e: ndarray::ShapeError| format!("cannot reshape {} to {shape}: {e}", x.shape());
     Ok(match x.data() {

@@ -1,9 +1,12 @@
 //! Shape rules: broadcasting and dimension arguments.
 
 use tpu_core::Shape;
+use tpu_core::invalid;
+use tpu_core::op::OpResult;
+use tpu_core::out_of_range;
 
 /// NumPy broadcasting of two shapes.
-pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Result<Shape, String> {
+pub fn broadcast_shapes(a: &Shape, b: &Shape) -> OpResult<Shape> {
     let rank = a.rank().max(b.rank());
     let dim = |s: &Shape, i: usize| {
         let offset = rank - s.rank();
@@ -14,38 +17,40 @@ pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Result<Shape, String> {
             (x, y) if x == y => Ok(x),
             (1, y) => Ok(y),
             (x, 1) => Ok(x),
-            _ => Err(format!("shapes {a} and {b} cannot be broadcast together")),
+            _ => Err(invalid!("shapes {a} and {b} cannot be broadcast together")),
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Shape::new)
 }
 
 /// Broadcasts any number of shapes.
-pub fn broadcast_all<'a>(shapes: impl IntoIterator<Item = &'a Shape>) -> Result<Shape, String> {
+pub fn broadcast_all<'a>(shapes: impl IntoIterator<Item = &'a Shape>) -> OpResult<Shape> {
     shapes
         .into_iter()
         .try_fold(Shape::scalar(), |acc, s| broadcast_shapes(&acc, s))
 }
 
 /// A possibly negative dimension index, checked against `rank`.
-pub fn normalize_dim(dim: i64, rank: usize) -> Result<usize, String> {
+pub fn normalize_dim(dim: i64, rank: usize) -> OpResult<usize> {
     let r = rank as i64;
     let d = if dim < 0 { dim + r } else { dim };
     if (0..r).contains(&d) {
         Ok(d as usize)
     } else {
-        Err(format!("dimension {dim} is out of range for rank {rank}"))
+        Err(out_of_range!(
+            "dimension {dim} is out of range for rank {rank}"
+        ))
     }
 }
 
 /// Like [`normalize_dim`], but a rank-0 tensor accepts dims 0 and -1 (as in
 /// PyTorch).
-pub fn normalize_dim_scalar_ok(dim: i64, rank: usize) -> Result<usize, String> {
+pub fn normalize_dim_scalar_ok(dim: i64, rank: usize) -> OpResult<usize> {
     normalize_dim(dim, rank.max(1))
 }
 
 /// Normalizes a list of dims; sorted, no duplicates. `None` means all dims.
-pub fn normalize_dims(dims: Option<&[i64]>, rank: usize) -> Result<Vec<usize>, String> {
+pub fn normalize_dims(dims: Option<&[i64]>, rank: usize) -> OpResult<Vec<usize>> {
     let mut out = match dims {
         None => (0..rank).collect::<Vec<_>>(),
         Some(ds) => ds
@@ -56,7 +61,7 @@ pub fn normalize_dims(dims: Option<&[i64]>, rank: usize) -> Result<Vec<usize>, S
     out.retain(|&d| d < rank.max(1));
     out.sort_unstable();
     if out.windows(2).any(|w| w[0] == w[1]) {
-        return Err(format!("dimension list {dims:?} repeats a dimension"));
+        return Err(invalid!("dimension list {dims:?} repeats a dimension"));
     }
     if rank == 0 {
         out.clear();
@@ -91,6 +96,7 @@ mod tests {
         assert!(
             broadcast_shapes(&s(&[2, 3]), &s(&[4]))
                 .unwrap_err()
+                .message
                 .contains("[2, 3]")
         );
     }
