@@ -1,7 +1,9 @@
 //! Op kernels of tpu-rs. Each op is one [`tpu_core::op::OpDef`] record —
 //! shape/dtype inference, StableHLO lowering, a CPU reference on `ndarray`,
-//! a backward rule, flags, tolerance and samples — submitted with
-//! `inventory` into tpu-core's registry.
+//! a backward rule, flags, tolerance and samples — written with
+//! [`tpu_core::op_def!`] (which states only what differs from
+//! [`tpu_core::op::OpDef::DEFAULT`]) and submitted with `inventory` into
+//! tpu-core's registry.
 //!
 //! Families live in one folder each. Linking this crate is what registers
 //! the ops: a binary must reference it (see [`link`]).

@@ -161,6 +161,68 @@ pub struct OpDef {
 
 inventory::collect!(OpDef);
 
+impl OpDef {
+    /// What a record written with [`op_def!`](crate::op_def) leaves out: no
+    /// flags, every dtype, no gradient, the dtype's default tolerance. The
+    /// name, arity, inference, lowering and reference are always given; the
+    /// placeholders here only say that one was not.
+    pub const DEFAULT: OpDef = OpDef {
+        name: "",
+        arity: Arity::Exactly(0),
+        flags: Flags::NONE,
+        dtypes: &DType::ALL,
+        infer: |_, _| Err(OpError::unsupported("the op record gives no inference")),
+        lower: |_, _, _| Err(OpError::unsupported("the op record gives no lowering")),
+        reference: |_, _| Err(OpError::unsupported("the op record gives no reference")),
+        vjp: None,
+        tolerance: Tolerance::for_dtype,
+        samples: Vec::new,
+        arbitrary: |_| Sample::new(vec![], Attrs::new()),
+        torch: Torch::Unmatched("the op record names no PyTorch counterpart"),
+        location: "",
+    };
+}
+
+/// An [`OpDef`] that states only what differs from [`OpDef::DEFAULT`], with
+/// its `file:line` filled in:
+///
+/// ```ignore
+/// inventory::submit! {
+///     op_def! {
+///         name: "neg",
+///         arity: Arity::Exactly(1),
+///         flags: Flags::ELEMENTWISE,
+///         infer: |x, _| Ok(vec![x[0].clone()]),
+///         lower: |b, x, _| Ok(vec![b.unary("stablehlo.negate", &x[0])]),
+///         reference: neg_reference,
+///         vjp: Some(|t, a| Ok(vec![Some(t.neg(a.grads[0])?)])),
+///         torch: Torch::Expr("torch.neg(x[0])"),
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! op_def {
+    (@fields [$($done:tt)*]) => {{
+        // A record may state every field; the update is then a no-op.
+        #[allow(clippy::needless_update)]
+        let def = $crate::op::OpDef {
+            $($done)*
+            location: concat!(file!(), ":", line!()),
+            ..$crate::op::OpDef::DEFAULT
+        };
+        def
+    }};
+    (@fields [$($done:tt)*] $field:ident : $value:expr $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* $field: $value,] $($($rest)*)?)
+    };
+    (@fields [$($done:tt)*] $field:ident $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* $field,] $($($rest)*)?)
+    };
+    ($($fields:tt)+) => {
+        $crate::op_def!(@fields [] $($fields)+)
+    };
+}
+
 impl std::fmt::Debug for OpDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpDef")

@@ -90,24 +90,12 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::Tolerance;
-    use crate::op::{Arity, Attrs, Flags, Gen, Sample};
 
     fn record(name: &'static str, location: &'static str) -> &'static OpDef {
         Box::leak(Box::new(OpDef {
             name,
-            arity: Arity::Exactly(0),
-            flags: Flags::NONE,
-            dtypes: &[],
-            infer: |_, _| Ok(vec![]),
-            lower: |_, _, _| Ok(vec![]),
-            reference: |_, _| Ok(vec![]),
-            vjp: None,
-            tolerance: Tolerance::for_dtype,
-            samples: Vec::new,
-            arbitrary: |_: &mut Gen| Sample::new(vec![], Attrs::new()),
-            torch: crate::op::Torch::Unmatched("a test record"),
             location,
+            ..OpDef::DEFAULT
         }))
     }
 

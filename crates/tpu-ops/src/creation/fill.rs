@@ -1,13 +1,13 @@
 //! `full`: a tensor of one value.
 
 use ndarray::{ArrayD, IxDyn};
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::support::*;
 
 /// The `shape` attribute as a shape (every dim >= 0).
@@ -57,22 +57,17 @@ fn full_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "full",
         arity: Arity::Exactly(0),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |_, attrs| Ok(vec![full_type(attrs)?]),
         lower: |b, _, attrs| {
             let t = full_type(attrs)?;
             Ok(vec![b.constant(t.dtype, t.shape, attrs.float("value")?)])
         },
         reference: |_, attrs| filled_ref(attrs, attrs.float("value")?),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| full_sample(&mut Gen::new(i))).collect(),
         arbitrary: full_sample,
         torch: Torch::Expr(r#"torch.full(a["shape"], a["value"], dtype=a.get("dtype", torch.float32))"#),
-        location: here!(),
     }
 }

@@ -3,13 +3,13 @@
 
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::DType;
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attr, Attrs, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::fill::{filled_ref, filled_type, shape_attr};
-use crate::here;
 use crate::support::*;
 
 /// The longest `arange` accepted: its index must fit an `i32` iota on every
@@ -48,23 +48,18 @@ fn filled_samples() -> Vec<Sample> {
 macro_rules! constant_fill {
     ($name:literal, $value:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(0),
-                flags: Flags::NONE,
-                dtypes: ALL,
                 infer: |_, attrs| Ok(vec![filled_type(attrs)?]),
                 lower: |b, _, attrs| {
                     let t = filled_type(attrs)?;
                     Ok(vec![b.constant(t.dtype, t.shape, $value)])
                 },
                 reference: |_, attrs| filled_ref(attrs, $value),
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: filled_samples,
                 arbitrary: filled_sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -271,10 +266,9 @@ fn arange_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "arange",
         arity: Arity::Exactly(0),
-        flags: Flags::NONE,
         dtypes: NUMERIC,
         infer: |_, attrs| {
             let a = arange_args(attrs)?;
@@ -282,12 +276,9 @@ inventory::submit! {
         },
         lower: |b, _, attrs| Ok(vec![lower_arange(b, &arange_args(attrs)?)]),
         reference: |_, attrs| Ok(vec![arange_ref(&arange_args(attrs)?)?]),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: arange_samples,
         arbitrary: arange_sample,
         torch: Torch::Expr(r#"torch.arange(a.get("start", 0), a["end"], a.get("step", 1), dtype=a.get("dtype"))"#),
-        location: here!(),
     }
 }
 
@@ -324,11 +315,9 @@ fn eye_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "eye",
         arity: Arity::Exactly(0),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |_, attrs| Ok(vec![eye_type(attrs)?]),
         lower: |b, _, attrs| {
             let t = eye_type(attrs)?;
@@ -341,8 +330,6 @@ inventory::submit! {
             let values = ArrayD::from_shape_fn(IxDyn(t.shape.dims()), |ix| i64::from(ix[0] == ix[1]));
             Ok(vec![HostTensor::int(t.dtype, values)])
         },
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || {
             let mut out: Vec<Sample> = (0..6).map(|i| eye_sample(&mut Gen::new(i))).collect();
             out.push(Sample::new(vec![], Attrs::new().with("n", 3i64)));
@@ -352,7 +339,6 @@ inventory::submit! {
         },
         arbitrary: eye_sample,
         torch: Torch::Expr(r#"torch.eye(a["n"], a.get("m", a["n"]), dtype=a.get("dtype", torch.float32))"#),
-        location: here!(),
     }
 }
 
@@ -378,10 +364,9 @@ fn iota_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "iota",
         arity: Arity::Exactly(0),
-        flags: Flags::NONE,
         dtypes: NUMERIC,
         infer: |_, attrs| Ok(vec![iota_args(attrs)?.0]),
         lower: |b, _, attrs| {
@@ -394,8 +379,6 @@ inventory::submit! {
             let values = ArrayD::from_shape_fn(IxDyn(t.shape.dims()), |ix| ix[dim] as i64);
             Ok(vec![HostTensor::int(t.dtype, values)])
         },
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || {
             let mut out: Vec<Sample> = (0..6).map(|i| iota_sample(&mut Gen::new(i))).collect();
             out.push(Sample::new(vec![], Attrs::new().with("shape", vec![3i64, 300]).with("dim", -1i64).with("dtype", DType::U8)));
@@ -405,7 +388,6 @@ inventory::submit! {
         },
         arbitrary: iota_sample,
         torch: Torch::Expr(r#"(lambda s, d: torch.arange(s[d]).reshape([s[d] if i == d % len(s) else 1 for i in range(len(s))]).expand(s).to(a.get("dtype", torch.int64)))(a["shape"], a["dim"])"#),
-        location: here!(),
     }
 }
 

@@ -22,16 +22,16 @@
 //! kernels give NaN.
 
 use std::f64::consts::PI;
+use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
 use super::special::{EULER_GAMMA, harmonic};
 use super::unary::{chain, float_ref, infer_float, transcendental};
-use crate::here;
 use crate::support::*;
 
 /// Intervals of the trapezoidal rule for `I_ν` on `[0, π]`.
@@ -446,7 +446,7 @@ fn bessel_tolerance(d: DType) -> Tolerance {
 macro_rules! bessel_op {
     ($name:literal, $kind:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::ELEMENTWISE,
@@ -459,7 +459,6 @@ macro_rules! bessel_op {
                 samples: || samples($kind),
                 arbitrary: |g: &mut Gen| sample(g, $lo, $hi),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -525,7 +524,7 @@ fn lower_spherical_j0(b: &mut Builder, x: &Value) -> Value {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "spherical_bessel_j0",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -553,7 +552,6 @@ inventory::submit! {
         arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, -10.0, 10.0),
         // PyTorch has no derivative for it: sinc is the same function with one.
         torch: Torch::Expr("torch.sinc(x[0] / math.pi)"),
-        location: here!(),
     }
 }
 

@@ -19,14 +19,13 @@ use std::f64::consts::PI;
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::bessel::{asymptotic_terms, call, half_period_nodes, minus_over_x};
 use super::lanes::Lanes;
 use super::special::{EULER_GAMMA, harmonic};
 use super::unary::{chain, float_ref, infer_float, transcendental};
-use crate::here;
 use crate::support::*;
 
 /// Gauss-Legendre points for `Y_ν`'s two integrals.
@@ -419,7 +418,7 @@ fn tolerance(d: DType) -> Tolerance {
 macro_rules! bessel_jy_op {
     ($name:literal, $kind:expr, $nu:literal, $ops:expr, $at_zero:expr, ($lo:expr, $hi:expr)) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::ELEMENTWISE,
@@ -432,7 +431,6 @@ macro_rules! bessel_jy_op {
                 samples: || samples($kind),
                 arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, $lo, $hi),
                 torch: Torch::Expr(concat!("torch.special.", $name, "(x[0])")),
-                location: here!(),
             }
         }
     };

@@ -2,10 +2,10 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
-use crate::here;
 use crate::support::*;
 
 fn two_types(inputs: &[TensorType]) -> OpResult<(&TensorType, &TensorType)> {
@@ -103,7 +103,7 @@ macro_rules! arith_op {
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower: $lower:expr,
      reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE,
@@ -112,11 +112,9 @@ macro_rules! arith_op {
                 lower: |b, x, _| Ok(lower_arith(b, x, $float, $lower)),
                 reference: |x, _| arith_ref(x, $float, $ff, $fi),
                 vjp: Some($vjp),
-                tolerance: Tolerance::for_dtype,
                 samples: $samples,
                 arbitrary: $arb,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -354,7 +352,7 @@ fn lower_remainder(b: &mut Builder, x: &[Value]) -> Vec<Value> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "remainder",
         arity: Arity::Exactly(2),
         flags: Flags::ELEMENTWISE,
@@ -375,6 +373,5 @@ inventory::submit! {
         samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
         arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
         torch: Torch::Expr("torch.remainder(x[0], x[1])"),
-        location: here!(),
     }
 }

@@ -1,13 +1,11 @@
 //! Comparisons: broadcasting, computed in the promoted dtype, giving bool.
 
 use tpu_core::DType;
-use tpu_core::host::Tolerance;
 use tpu_core::op::OpResult;
-use tpu_core::op::{Arity, Flags, Gen, OpDef, Torch};
+use tpu_core::op::{Arity, Flags, Gen, Torch};
 use tpu_core::stablehlo::{Compare, TensorType};
 
 use super::binary::{infer_binary, operands};
-use crate::here;
 use crate::support::*;
 
 fn infer_compare(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
@@ -18,11 +16,10 @@ fn infer_compare(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
 macro_rules! compare_op {
     ($name:literal, $dir:expr, $ff:expr, $fi:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE,
-                dtypes: ALL,
                 infer: |x, _| infer_compare(x),
                 lower: |b, x, _| {
                     let dtype = promote(x[0].ty(), x[1].ty());
@@ -34,8 +31,6 @@ macro_rules! compare_op {
                     let dtype = promote(&x[0].ty(), &x[1].ty());
                     Ok(vec![compare(&x[0], &x[1], dtype, $ff, $fi)?])
                 },
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: || {
                     // Small integers make ties, where comparisons differ.
                     let mut s = binary_samples(NUMERIC);
@@ -48,7 +43,6 @@ macro_rules! compare_op {
                 },
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

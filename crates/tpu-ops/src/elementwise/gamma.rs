@@ -5,13 +5,13 @@
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::{infer_binary, lower_arith};
 use super::special;
 use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};
-use crate::here;
 use crate::support::*;
 
 /// `scale * exp(sign * v²)`, the derivative of the erf family.
@@ -176,7 +176,7 @@ fn off_the_poles(mut sample: Sample) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "polygamma",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -206,7 +206,6 @@ inventory::submit! {
             s
         },
         torch: Torch::Expr(r#"torch.polygamma(a["n"], x[0])"#),
-        location: here!(),
     }
 }
 
@@ -268,7 +267,7 @@ fn zeta_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "zeta",
         arity: Arity::Exactly(2),
         // PyTorch has no gradient for `x`, and this op none for either.
@@ -288,11 +287,9 @@ inventory::submit! {
             let dtype = promote(&x[0].ty(), &x[1].ty());
             Ok(vec![binary(&x[0], &x[1], dtype, dtype, special::zeta, |_, _| 0)?])
         },
-        vjp: None,
         tolerance: |d| transcendental(d).scaled(4.0),
         samples: zeta_samples,
         arbitrary: |g: &mut Gen| binary_arbitrary(g, FLOATS),
         torch: Torch::Expr("torch.special.zeta(x[0], x[1])"),
-        location: here!(),
     }
 }

@@ -15,17 +15,17 @@
 //! formula).
 
 use std::f64::consts::PI;
+use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::binary::{infer_binary, operands};
 use super::lanes::Lanes;
 use super::special::lgamma;
 use super::unary::transcendental;
-use crate::here;
 use crate::support::*;
 
 /// From this shape on, the prefactor uses Stirling's series for `ln Γ(a)`.
@@ -411,7 +411,7 @@ fn reference(x: &[HostTensor], f: fn(f64, f64) -> f64) -> OpResult<Vec<HostTenso
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "igamma",
         arity: Arity::Exactly(2),
         flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
@@ -419,17 +419,15 @@ inventory::submit! {
         infer: |x, _| Ok(vec![infer_binary(x, FLOATS, true)?]),
         lower: |b, x, _| lower(b, x, false),
         reference: |x, _| reference(x, igamma),
-        vjp: None,
         tolerance,
         samples,
         arbitrary: |g: &mut Gen| binary_arbitrary(g, FLOATS),
         torch: Torch::Expr("torch.igamma(x[0], x[1])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "igammac",
         arity: Arity::Exactly(2),
         flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
@@ -437,12 +435,10 @@ inventory::submit! {
         infer: |x, _| Ok(vec![infer_binary(x, FLOATS, true)?]),
         lower: |b, x, _| lower(b, x, true),
         reference: |x, _| reference(x, igammac),
-        vjp: None,
         tolerance,
         samples,
         arbitrary: |g: &mut Gen| binary_arbitrary(g, FLOATS),
         torch: Torch::Expr("torch.igammac(x[0], x[1])"),
-        location: here!(),
     }
 }
 

@@ -2,12 +2,10 @@
 //! bool only).
 
 use tpu_core::DType;
-use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Flags, Gen, OpDef, Torch};
+use tpu_core::op::{Arity, Flags, Gen, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::{infer_binary, operands};
-use crate::here;
 use crate::support::*;
 
 /// `x != 0` as bool.
@@ -22,11 +20,10 @@ fn truthy(b: &mut Builder, x: &Value) -> Value {
 macro_rules! logical_op {
     ($name:literal, $hlo:literal, $f:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE,
-                dtypes: ALL,
                 infer: |x, _| {
                     let t = infer_binary(x, ALL, false)?;
                     Ok(vec![TensorType::new(DType::Bool, t.shape)])
@@ -44,12 +41,9 @@ macro_rules! logical_op {
                     let r = x[1].cast(DType::Bool);
                     Ok(vec![binary(&l, &r, DType::Bool, DType::Bool, |_, _| 0.0, $f)?])
                 },
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: || binary_samples(&[DType::Bool, DType::I32, DType::F32]),
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -65,7 +59,7 @@ logical_op!("logical_xor", "stablehlo.xor", |x, y| x ^ y,
 macro_rules! bitwise_op {
     ($name:literal, $hlo:literal, $f:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE,
@@ -81,12 +75,9 @@ macro_rules! bitwise_op {
                     let dtype = promote(&x[0].ty(), &x[1].ty());
                     Ok(vec![binary(&x[0], &x[1], dtype, dtype, |_, _| 0.0, $f)?])
                 },
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: || binary_samples(INTS_AND_BOOL),
                 arbitrary: |g: &mut Gen| binary_arbitrary(g, INTS_AND_BOOL),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

@@ -4,10 +4,10 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 
 use super::binary::{infer_binary, lower_arith};
-use crate::here;
 use crate::support::*;
 
 /// Exponent and fraction widths of a float dtype.
@@ -97,7 +97,7 @@ fn next_after_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "nextafter",
         arity: Arity::Exactly(2),
         flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
@@ -105,13 +105,11 @@ inventory::submit! {
         infer: |x, _| Ok(vec![infer_binary(x, FLOATS, true)?]),
         lower: |b, x, _| Ok(lower_arith(b, x, true, |b, l, r| b.binary("chlo.next_after", l, r))),
         reference: |x, _| next_after_ref(x),
-        vjp: None,
         // One step of the format is the whole answer: compare exactly.
         tolerance: |_| Tolerance::EXACT,
         samples: next_after_samples,
         arbitrary: |g: &mut Gen| binary_arbitrary(g, FLOATS),
         torch: Torch::Expr("torch.nextafter(x[0], x[1])"),
-        location: here!(),
     }
 }
 

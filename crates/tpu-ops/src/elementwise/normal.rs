@@ -11,16 +11,16 @@
 //!   the relative error: 4.5e-4, then f64 rounding).
 
 use std::f64::consts::{FRAC_1_SQRT_2, PI};
+use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
 use super::special::erfc;
 use super::unary::{chain, float_ref, infer_float, transcendental};
-use crate::here;
 use crate::support::*;
 
 /// Where `erfcx` switches to its continued fraction.
@@ -205,7 +205,7 @@ fn tolerance(d: DType) -> Tolerance {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "erfcx",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -224,12 +224,11 @@ inventory::submit! {
         samples: || samples(-4.0, 12.0, &[-9.0, -1.0, 0.0, 4.99, 5.01, 30.0, 1e3, f64::INFINITY]),
         arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, -4.0, 12.0),
         torch: Torch::Expr("torch.special.erfcx(x[0])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "log_ndtr",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -248,12 +247,11 @@ inventory::submit! {
         samples: || samples(-12.0, 6.0, &[-40.0, -1.0, -0.99, 0.0, 8.0]),
         arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, -12.0, 6.0),
         torch: Torch::Expr("torch.special.log_ndtr(x[0])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "ndtri",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -272,7 +270,6 @@ inventory::submit! {
         samples: || samples(0.02, 0.98, &[0.0, 1.0, 0.5, 1e-4, 0.999, -0.5, 1.5]),
         arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, 0.02, 0.98),
         torch: Torch::Expr("torch.special.ndtri(x[0])"),
-        location: here!(),
     }
 }
 

@@ -10,11 +10,10 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::binary::{infer_binary, operands};
-use crate::here;
 use crate::support::*;
 
 /// A family: its first-degree term and the step from `p_{k-1}`, `p_k` to
@@ -271,7 +270,7 @@ fn tolerance(d: DType) -> Tolerance {
 macro_rules! polynomial_op {
     ($name:literal, $family:expr, $shifted:expr, $seed:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
@@ -279,12 +278,10 @@ macro_rules! polynomial_op {
                 infer: |x, _| Ok(vec![infer_binary(x, FLOATS, true)?]),
                 lower: |b, x, _| lower(b, x, $family, $shifted),
                 reference: |x, _| reference(x, $family, $shifted),
-                vjp: None,
                 tolerance,
                 samples: || (0..12).map(|i| sample(&mut Gen::new($seed + i), $shifted)).collect(),
                 arbitrary: |g: &mut Gen| sample(g, $shifted),
                 torch: Torch::Expr(concat!("torch.special.", $name, "(x[0], x[1])")),
-                location: here!(),
             }
         }
     };

@@ -2,13 +2,13 @@
 
 use ndarray::Zip;
 use tpu_core::DType;
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::grad_for;
-use crate::here;
 use crate::support::*;
 
 fn infer_where(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
@@ -81,11 +81,10 @@ fn where_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "where",
         arity: Arity::Exactly(3),
         flags: Flags::ELEMENTWISE,
-        dtypes: ALL,
         infer: |x, _| infer_where(x),
         lower: |b, x, _| lower_where(b, x),
         reference: |x, _| where_ref(x),
@@ -96,11 +95,9 @@ inventory::submit! {
             let gf = t.call1("where", &[c, zero, a.grads[0]], Attrs::new())?;
             Ok(vec![None, grad_for(t, gt, a.inputs[1])?, grad_for(t, gf, a.inputs[2])?])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| where_sample(&mut Gen::new(i))).collect(),
         arbitrary: where_sample,
         torch: Torch::Expr("torch.where(x[0], x[1], x[2])"),
-        location: here!(),
     }
 }
 
@@ -141,7 +138,7 @@ fn clamp_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "clamp",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -179,12 +176,10 @@ inventory::submit! {
             }
             Ok(vec![Some(g)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..6).map(|i| clamp_sample(&mut Gen::new(i))).collect(),
         arbitrary: clamp_sample,
         // Float bounds make PyTorch's clamp of integers float; the op keeps the dtype.
         torch: Torch::Expr(r#"torch.clamp(x[0], a.get("min"), a.get("max")).to(x[0].dtype)"#),
-        location: here!(),
     }
 }
 
@@ -216,11 +211,10 @@ fn cast_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "cast",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(attrs.dtype("dtype")?, t.shape.clone())])
@@ -234,10 +228,8 @@ inventory::submit! {
             }
             Ok(vec![Some(t.cast(a.grads[0], from)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| cast_sample(&mut Gen::new(i))).collect(),
         arbitrary: cast_sample,
         torch: Torch::Expr(r#"x[0].to(a["dtype"])"#),
-        location: here!(),
     }
 }

@@ -2,11 +2,10 @@
 //! XLA expands with care near the branch points) and referenced against
 //! Rust's `f64`.
 
-use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Tape, Torch, Var};
+use tpu_core::op::{Arity, Flags, Gen, OpResult, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};
-use crate::here;
 use crate::support::*;
 
 /// `1 / sqrt(s)` where `s` is `sign * x² + offset`.

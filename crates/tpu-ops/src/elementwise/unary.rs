@@ -4,11 +4,11 @@
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::special::erf;
-use crate::here;
 use crate::support::*;
 
 fn one_type(inputs: &[TensorType]) -> OpResult<&TensorType> {
@@ -89,7 +89,7 @@ fn zero_grad(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 macro_rules! float_op {
     ($name:literal, lower: $lower:expr, reference: $f:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), tolerance: $tol:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::ELEMENTWISE,
@@ -102,7 +102,6 @@ macro_rules! float_op {
                 samples: || unary_samples(FLOATS, $lo, $hi),
                 arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC, $lo, $hi),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -339,7 +338,7 @@ fn gelu_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "gelu",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -368,7 +367,6 @@ inventory::submit! {
             s
         },
         torch: Torch::Expr(r#"F.gelu(x[0], approximate=a.get("approximate", "none"))"#),
-        location: here!(),
     }
 }
 
@@ -377,7 +375,7 @@ inventory::submit! {
 macro_rules! same_op {
     ($name:literal, dtypes: $dtypes:expr, lower: $lower:expr, reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, range: ($lo:expr, $hi:expr), torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::ELEMENTWISE,
@@ -386,11 +384,9 @@ macro_rules! same_op {
                 lower: |b, x, _| Ok(vec![$lower(b, &x[0])]),
                 reference: |x, _| Ok(vec![map_same(one(x)?, $ff, $fi)]),
                 vjp: $vjp,
-                tolerance: Tolerance::for_dtype,
                 samples: || unary_samples($dtypes, $lo, $hi),
                 arbitrary: |g: &mut Gen| unary_arbitrary(g, $dtypes, $lo, $hi),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -500,7 +496,7 @@ fn special_arbitrary(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "isnan",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -508,17 +504,14 @@ inventory::submit! {
         infer: |x, _| infer_predicate(x, FLOATS),
         lower: |b, x, _| Ok(vec![b.compare(Compare::Ne, &x[0], &x[0])]),
         reference: |x, _| Ok(vec![map_predicate(one(x)?, f64::is_nan, |_| false)]),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: special_samples,
         arbitrary: special_arbitrary,
         torch: Torch::Expr("torch.isnan(x[0])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "isinf",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
@@ -531,21 +524,17 @@ inventory::submit! {
             Ok(vec![b.compare(Compare::Eq, &a, &inf)])
         },
         reference: |x, _| Ok(vec![map_predicate(one(x)?, f64::is_infinite, |_| false)]),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: special_samples,
         arbitrary: special_arbitrary,
         torch: Torch::Expr("torch.isinf(x[0])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "logical_not",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
-        dtypes: ALL,
         infer: |x, _| infer_predicate(x, ALL),
         lower: |b, x, _| {
             let x = &x[0];
@@ -553,11 +542,8 @@ inventory::submit! {
             Ok(vec![b.compare(Compare::Eq, x, &zero)])
         },
         reference: |x, _| Ok(vec![map_predicate(one(x)?, |v| v == 0.0, |v| v == 0)]),
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || unary_samples(ALL, -2.0, 2.0),
         arbitrary: |g: &mut Gen| unary_arbitrary(g, ALL, -2.0, 2.0),
         torch: Torch::Expr("torch.logical_not(x[0])"),
-        location: here!(),
     }
 }

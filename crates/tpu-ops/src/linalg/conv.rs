@@ -12,12 +12,12 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value, i64_array};
 use tpu_core::{DType, Shape};
 
 use super::{accumulator, flip, permute};
-use crate::here;
 use crate::support::*;
 
 /// Everything about one convolution except its operands.
@@ -596,10 +596,9 @@ fn convolution_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "convolution",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| Ok(vec![infer_convolution(x, attrs)?]),
         lower: |b, x, attrs| {
@@ -617,7 +616,6 @@ inventory::submit! {
         samples: || (0..12).map(|i| convolution_sample(&mut Gen::new(i))).collect(),
         arbitrary: convolution_sample,
         torch: Torch::Expr(r#"(lambda n, spec, bg: (lambda v, w: getattr(F, f"conv{n}d")(F.pad(getattr(F, f"conv_transpose{n}d")(v, v.new_ones([v.shape[1], 1] + [1] * n), stride=a.get("lhs_dilation", 1), groups=v.shape[1]), [p for i in reversed(range(n)) for p in a.get("padding", [0] * 2 * n)[2 * i:2 * i + 2]]), w, stride=a.get("window_strides", 1), dilation=a.get("rhs_dilation", 1), groups=a.get("feature_group_count", 1) * bg).permute([spec("out_spec").index(d) for d in range(n + 2)]))((lambda u: u.reshape(bg, u.shape[0] // bg, *u.shape[1:]).transpose(0, 1).reshape(u.shape[0] // bg, bg * u.shape[1], *u.shape[2:]))(x[0].permute(spec("lhs_spec"))), x[1].permute(spec("rhs_spec"))))(x[0].dim() - 2, lambda k: [d % x[0].dim() for d in a.get(k, range(x[0].dim()))], a.get("batch_group_count", 1))"#),
-        location: here!(),
     }
 }
 
@@ -834,10 +832,9 @@ fn conv_nd_sample(g: &mut Gen, n: usize) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "conv1d",
         arity: Arity::AtLeast(2),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             if x.len() > 3 {
@@ -859,15 +856,13 @@ inventory::submit! {
         samples: || (0..12).map(|i| conv_nd_sample(&mut Gen::new(i), 1)).collect(),
         arbitrary: |g: &mut Gen| conv_nd_sample(g, 1),
         torch: Torch::Expr(r#"F.conv1d(*x, stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1))"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "conv2d",
         arity: Arity::AtLeast(2),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             if x.len() > 3 {
@@ -889,6 +884,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| conv_nd_sample(&mut Gen::new(i), 2)).collect(),
         arbitrary: |g: &mut Gen| conv_nd_sample(g, 2),
         torch: Torch::Expr(r#"F.conv2d(*x, stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1))"#),
-        location: here!(),
     }
 }

@@ -19,12 +19,12 @@ use ndarray::Array2;
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::factor::{matrices, matrix, stack};
 use super::{accumulator, matmul, transpose_last};
-use crate::here;
 use crate::movement::triangle;
 use crate::support::*;
 
@@ -603,7 +603,7 @@ fn eigh_tolerance(d: DType) -> Tolerance {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "geqrf",
         arity: Arity::Exactly(1),
         flags: Flags::NOT_DIFFERENTIABLE,
@@ -631,17 +631,15 @@ inventory::submit! {
                 tensor_f64(x.dtype(), &tau_dims, taus)?,
             ])
         },
-        vjp: None,
         tolerance,
         samples: || (0..12).map(|i| geqrf_sample(&mut Gen::new(1800 + i))).collect(),
         arbitrary: geqrf_sample,
         torch: Torch::Expr("torch.geqrf(x[0])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "householder_product",
         arity: Arity::Exactly(2),
         flags: Flags::NOT_DIFFERENTIABLE,
@@ -666,20 +664,17 @@ inventory::submit! {
                 .collect();
             Ok(vec![HostTensor::float(x[0].dtype(), stack(q, x[0].dims()))])
         },
-        vjp: None,
         tolerance,
         samples: || (0..12).map(|i| householder_sample(&mut Gen::new(1850 + i))).collect(),
         arbitrary: householder_sample,
         torch: Torch::Expr("torch.linalg.householder_product(x[0], x[1])"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "qr",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: qr_types,
         lower: |b, x, attrs| Ok(lower_qr(b, &x[0], qr_mode(attrs)?)),
@@ -693,15 +688,13 @@ inventory::submit! {
         samples: || (0..12).map(|i| qr_sample(&mut Gen::new(1900 + i))).collect(),
         arbitrary: qr_sample,
         torch: Torch::Expr(r#"torch.linalg.qr(x[0], mode=a.get("mode", "reduced"))"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "eigh",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, _| eigh_types(x),
         lower: |b, x, _| Ok(lower_eigh(b, &x[0])),
@@ -715,6 +708,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| eigh_sample(&mut Gen::new(1950 + i))).collect(),
         arbitrary: eigh_sample,
         torch: Torch::Expr(r#"(lambda w, v: (w, v * torch.where((v * (1 + 1 / torch.arange(1, v.shape[-1] + 1, dtype=v.dtype)).unsqueeze(-1)).sum(-2, keepdim=True) < 0, -1.0, 1.0).to(v.dtype)))(*torch.linalg.eigh(x[0].tril() + x[0].tril(-1).mT))"#),
-        location: here!(),
     }
 }

@@ -6,12 +6,12 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list as hlo_dims};
 use tpu_core::{DType, Shape};
 
 use super::{accumulator, permute};
-use crate::here;
 use crate::support::*;
 
 /// What `matmul` and `dot_general` accept.
@@ -430,10 +430,9 @@ fn dot_general_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "dot_general",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
         dtypes: DOT_DTYPES,
         infer: |x, attrs| {
             let (a, b) = two(x)?;
@@ -455,7 +454,6 @@ inventory::submit! {
         samples: dot_general_samples,
         arbitrary: dot_general_sample,
         torch: Torch::Expr(r#"(lambda ra, rb: (lambda lb, rbt, lc, rc: torch.einsum(x[0], list(range(ra)), x[1], [lb[rbt.index(j)] if j in rbt else lc[rc.index(j)] if j in rc else ra + j for j in range(rb)], lb + [i for i in range(ra) if i not in lb + lc] + [ra + j for j in range(rb) if j not in rbt + rc]))(*[[d % r for d in a.get(k, [])] for k, r in (("lhs_batch", ra), ("rhs_batch", rb), ("lhs_contract", ra), ("rhs_contract", rb))]))(x[0].dim(), x[1].dim())"#),
-        location: here!(),
     }
 }
 
@@ -711,10 +709,9 @@ fn matmul_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "matmul",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
         dtypes: DOT_DTYPES,
         infer: |x, _| {
             let (a, b) = two(x)?;
@@ -731,7 +728,6 @@ inventory::submit! {
         samples: matmul_samples,
         arbitrary: matmul_sample,
         torch: Torch::Expr("torch.matmul(x[0], x[1])"),
-        location: here!(),
     }
 }
 

@@ -14,11 +14,11 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::{accumulator, matmul, transpose_last};
-use crate::here;
 use crate::support::*;
 
 /// `(batch, rows, cols)` of a matrix operand.
@@ -254,10 +254,9 @@ fn solve_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "triangular_solve",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             solve_plan(x, attrs)?;
@@ -276,7 +275,6 @@ inventory::submit! {
         samples: || (0..12).map(|i| solve_sample(&mut Gen::new(1600 + i))).collect(),
         arbitrary: solve_sample,
         torch: Torch::Expr(r#"torch.linalg.solve_triangular(x[0], x[1], upper=not a.get("lower", True), left=a.get("left", True), unitriangular=a.get("unit_diagonal", False)) if not a.get("transpose_a", False) else torch.linalg.solve_triangular(x[0].mT, x[1], upper=a.get("lower", True), left=a.get("left", True), unitriangular=a.get("unit_diagonal", False))"#),
-        location: here!(),
     }
 }
 
@@ -396,10 +394,9 @@ fn cholesky_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "cholesky",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, _| Ok(vec![cholesky_type(x)?]),
         lower: |b, x, _| Ok(vec![lower_cholesky(b, &x[0])]),
@@ -413,6 +410,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| cholesky_sample(&mut Gen::new(1700 + i))).collect(),
         arbitrary: cholesky_sample,
         torch: Torch::Expr(r#"torch.linalg.cholesky_ex((x[0] + x[0].mT) / 2)[0].masked_fill(torch.linalg.cholesky_ex((x[0] + x[0].mT) / 2)[1].reshape(x[0].shape[:-2] + (1, 1)) != 0, float("nan"))"#),
-        location: here!(),
     }
 }

@@ -18,12 +18,12 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::accumulator;
 use super::factor::{matrices, matrix, stack};
-use crate::here;
 use crate::support::*;
 
 /// `dims`-shaped booleans: `iota(dim) <dir> i` for the scalar `i`.
@@ -314,7 +314,7 @@ fn permutation_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "lu_factor",
         arity: Arity::Exactly(1),
         flags: Flags::NOT_DIFFERENTIABLE,
@@ -326,20 +326,17 @@ inventory::submit! {
             lu_types(&[x.ty()])?;
             lu_ref(x)
         },
-        vjp: None,
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
         samples: || (0..12).map(|i| lu_sample(&mut Gen::new(2000 + i))).collect(),
         arbitrary: lu_sample,
         torch: Torch::Expr("torch.linalg.lu_factor_ex(x[0])[:2]"),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "lu_pivots_to_permutation",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: &[DType::I32],
         infer: |x, attrs| Ok(vec![permutation_type(x, attrs)?]),
         lower: |b, x, attrs| {
@@ -351,11 +348,9 @@ inventory::submit! {
             let out = permutation_type(&[x.ty()], attrs)?;
             Ok(vec![permutation_ref(x, &out)?])
         },
-        vjp: None,
         tolerance: |_| Tolerance::EXACT,
         samples: || (0..12).map(|i| permutation_sample(&mut Gen::new(2050 + i))).collect(),
         arbitrary: permutation_sample,
         torch: Torch::Expr(r#"torch.lu_unpack(torch.zeros(x[0].shape[:-1] + (a["rows"], x[0].shape[-1]), dtype=torch.float64), x[0], unpack_data=False)[0].mT.argmax(-1)"#),
-        location: here!(),
     }
 }

@@ -6,13 +6,13 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array, int_range};
 use tpu_core::{DType, Shape};
 
 use super::accumulator;
 use super::conv::{ConvParams, conv_lhs_grad, spatial_ints};
-use crate::here;
 use crate::support::*;
 
 /// Dtypes max pooling takes (any ordered type).
@@ -323,10 +323,9 @@ fn max_pool_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "max_pool2d",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: MAX_DTYPES,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -344,7 +343,6 @@ inventory::submit! {
             Ok(vec![max_pool_ref(x, &p)?])
         },
         vjp: Some(max_pool_vjp),
-        tolerance: Tolerance::for_dtype,
         samples: || {
             (0..12)
                 .map(|i| {
@@ -364,7 +362,6 @@ inventory::submit! {
         // gradient of a window lying wholly in the padding (possible with
         // dilation) outside the input.
         torch: Torch::Expr(r#"(lambda k, s, p, d: F.max_pool2d(F.pad(x[0], [p[-1], p[-1], p[0], p[0]], value=-torch.inf), k, s, 0, d) if x[0].is_floating_point() else F.max_pool2d(x[0], k, s, p, d))(a["kernel_size"], a.get("stride"), a.get("padding", [0]), a.get("dilation", 1))"#),
-        location: here!(),
     }
 }
 
@@ -494,7 +491,7 @@ fn max_backward_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "max_pool2d_backward",
         arity: Arity::Exactly(2),
         // Piecewise linear in the gradient, piecewise constant in the input;
@@ -512,13 +509,11 @@ inventory::submit! {
             let (p, _) = infer_max_backward(&[xt.ty(), gt.ty()], attrs)?;
             Ok(vec![max_backward_ref(xt, gt, &p)?])
         },
-        vjp: None,
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..12).map(|i| max_backward_sample(&mut Gen::new(i))).collect(),
         arbitrary: max_backward_sample,
         // The backward of the max_pool2d expression (padded by F.pad, as there).
         torch: Torch::Expr(r#"(lambda k, s, p, d: torch.func.vjp(lambda v: F.max_pool2d(F.pad(v, [p[-1], p[-1], p[0], p[0]], value=-torch.inf), k, s, 0, d), x[0])[1](x[1])[0])(a["kernel_size"], a.get("stride"), a.get("padding", [0]), a.get("dilation", 1))"#),
-        location: here!(),
     }
 }
 
@@ -623,10 +618,9 @@ fn avg_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "avg_pool2d",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -649,6 +643,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| avg_sample(&mut Gen::new(i))).collect(),
         arbitrary: avg_sample,
         torch: Torch::Expr(r#"F.avg_pool2d(x[0], a["kernel_size"], a.get("stride"), a.get("padding", 0), count_include_pad=a.get("count_include_pad", True))"#),
-        location: here!(),
     }
 }

@@ -1,15 +1,15 @@
 //! Gathering ops: `gather`, `index_select`, `take_along_dim`, `embedding`
 //! and `one_hot`.
 
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 fn two<'a, T>(x: &'a [T], what: &str) -> OpResult<(&'a T, &'a T)> {
@@ -120,11 +120,9 @@ fn gather_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "gather",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             gather_plan(a, i, attrs)?;
@@ -143,11 +141,9 @@ inventory::submit! {
             let dim = gather_plan(&t.ty(a.inputs[0])?, &t.ty(a.inputs[1])?, a.attrs)?;
             Ok(vec![gather_vjp(t, a.inputs[0], a.inputs[1], a.grads[0], dim)?, None])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| gather_sample(&mut Gen::new(i))).collect(),
         arbitrary: gather_sample,
         torch: Torch::Expr(r#"torch.gather(x[0], a["dim"], x[1])"#),
-        location: here!(),
     }
 }
 
@@ -333,11 +329,9 @@ fn take_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "take_along_dim",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             Ok(vec![TensorType::new(a.dtype, take_plan(a, i, attrs)?.out)])
@@ -354,13 +348,11 @@ inventory::submit! {
         vjp: Some(|t, a| {
             Ok(vec![take_vjp(t, a.inputs[0], a.inputs[1], a.grads[0], a.attrs)?, None])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| take_sample(&mut Gen::new(i))).collect(),
         arbitrary: take_sample,
         // PyTorch's take_along_dim rejects a 0-D input with a dim; gather does
         // the same there.
         torch: Torch::Expr(r#"torch.take_along_dim(x[0], x[1].long(), a["dim"]) if "dim" in a and x[0].dim() else torch.take_along_dim(x[0], x[1].long()) if "dim" not in a else torch.gather(x[0], 0, x[1])"#),
-        location: here!(),
     }
 }
 
@@ -410,11 +402,9 @@ fn index_select_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "index_select",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             Ok(vec![TensorType::new(a.dtype, select_plan(a, i, attrs)?.1)])
@@ -450,11 +440,9 @@ inventory::submit! {
             let g = t.call1("index_add", &[zeros, a.inputs[1], a.grads[0]], a.attrs.clone())?;
             Ok(vec![Some(g), None])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| index_select_sample(&mut Gen::new(i))).collect(),
         arbitrary: index_select_sample,
         torch: Torch::Expr(r#"torch.index_select(x[0], a["dim"], x[1])"#),
-        location: here!(),
     }
 }
 
@@ -487,11 +475,9 @@ fn embedding_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "embedding",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, _| {
             let (w, i) = two(x, "weight, indices")?;
             Ok(vec![TensorType::new(w.dtype, embedding_plan(w, i)?)])
@@ -524,11 +510,9 @@ inventory::submit! {
             let attrs = Attrs::new().with("dim", 0i64);
             Ok(vec![Some(t.call1("index_add", &[zeros, flat, g], attrs)?), None])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| embedding_sample(&mut Gen::new(i))).collect(),
         arbitrary: embedding_sample,
         torch: Torch::Expr("F.embedding(x[1], x[0])"),
-        location: here!(),
     }
 }
 
@@ -553,10 +537,9 @@ fn one_hot_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "one_hot",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: INDEX_DTYPES,
         infer: |x, attrs| {
             let i = x.first().ok_or("missing input")?;
@@ -583,11 +566,8 @@ inventory::submit! {
             });
             Ok(vec![HostTensor::int(DType::I64, a)])
         },
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| one_hot_sample(&mut Gen::new(i))).collect(),
         arbitrary: one_hot_sample,
         torch: Torch::Expr(r#"F.one_hot(x[0].long(), a["num_classes"])"#),
-        location: here!(),
     }
 }

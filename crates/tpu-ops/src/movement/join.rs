@@ -1,13 +1,13 @@
 //! `concat`, `stack`, `split` and `chunk`.
 
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 /// PyTorch's promotion over every input of a join.
@@ -166,20 +166,16 @@ fn concat_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "concat",
         arity: Arity::AtLeast(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| Ok(vec![concat_plan(x, attrs)?.out]),
         lower: |b, x, attrs| Ok(vec![concat_lower(b, x, attrs)?]),
         reference: |x, attrs| Ok(vec![concat_ref(x, attrs)?]),
         vjp: Some(|t, a| concat_vjp(t, a.inputs, a.grads[0], a.attrs)),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| concat_sample(&mut Gen::new(i))).collect(),
         arbitrary: concat_sample,
         torch: Torch::Expr(r#"torch.cat(x, a.get("dim", 0))"#),
-        location: here!(),
     }
 }
 
@@ -215,11 +211,9 @@ fn stack_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "stack",
         arity: Arity::AtLeast(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| Ok(vec![stack_plan(x, attrs)?.1]),
         lower: |b, x, attrs| {
             let types: Vec<TensorType> = x.iter().map(|v| v.ty().clone()).collect();
@@ -259,11 +253,9 @@ inventory::submit! {
             }
             Ok(out)
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| stack_sample(&mut Gen::new(i))).collect(),
         arbitrary: stack_sample,
         torch: Torch::Expr(r#"torch.stack(x, a.get("dim", 0))"#),
-        location: here!(),
     }
 }
 
@@ -397,11 +389,10 @@ fn split_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "split",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dim, sizes) = split_plan(&t.shape, attrs)?;
@@ -420,11 +411,9 @@ inventory::submit! {
             let (dim, _) = split_plan(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             split_vjp(t, a.grads, dim)
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| split_sample(&mut Gen::new(i))).collect(),
         arbitrary: split_sample,
         torch: Torch::Expr(r#"torch.split(x[0], a["sizes"], a.get("dim", 0))"#),
-        location: here!(),
     }
 }
 
@@ -462,11 +451,10 @@ fn chunk_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "chunk",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dim, sizes) = chunk_plan(&t.shape, attrs)?;
@@ -485,10 +473,8 @@ inventory::submit! {
             let (dim, _) = chunk_plan(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             split_vjp(t, a.grads, dim)
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| chunk_sample(&mut Gen::new(i))).collect(),
         arbitrary: chunk_sample,
         torch: Torch::Expr(r#"torch.chunk(x[0], a["chunks"], a.get("dim", 0))"#),
-        location: here!(),
     }
 }

@@ -1,13 +1,13 @@
 //! `permute`, `transpose`, `unsqueeze`, `squeeze`, `flip` and `roll`.
 
 use tpu_core::Shape;
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 /// The permutation of `permute`: every dim exactly once.
@@ -75,11 +75,10 @@ fn permute_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "permute",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let perm = permutation(t.shape.rank(), attrs)?;
@@ -99,11 +98,9 @@ inventory::submit! {
             let inv: Vec<i64> = inverse(&perm).iter().map(|&p| p as i64).collect();
             Ok(vec![Some(t.call1("permute", &[a.grads[0]], Attrs::new().with("dims", inv))?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| permute_sample(&mut Gen::new(i))).collect(),
         arbitrary: permute_sample,
         torch: Torch::Expr(r#"torch.permute(x[0], a["dims"])"#),
-        location: here!(),
     }
 }
 
@@ -130,11 +127,10 @@ fn transpose_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "transpose",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let perm = swap_perm(t.shape.rank(), attrs)?;
@@ -152,11 +148,9 @@ inventory::submit! {
         vjp: Some(|t, a| {
             Ok(vec![Some(t.call1("transpose", &[a.grads[0]], a.attrs.clone())?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| transpose_sample(&mut Gen::new(i))).collect(),
         arbitrary: transpose_sample,
         torch: Torch::Expr(r#"torch.transpose(x[0], a["dim0"], a["dim1"])"#),
-        location: here!(),
     }
 }
 
@@ -177,11 +171,10 @@ fn unsqueeze_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "unsqueeze",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, unsqueezed(&t.shape, attrs)?)])
@@ -198,11 +191,9 @@ inventory::submit! {
             let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| unsqueeze_sample(&mut Gen::new(i))).collect(),
         arbitrary: unsqueeze_sample,
         torch: Torch::Expr(r#"torch.unsqueeze(x[0], a["dim"])"#),
-        location: here!(),
     }
 }
 
@@ -238,11 +229,10 @@ fn squeeze_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "squeeze",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, squeezed(&t.shape, attrs)?)])
@@ -259,11 +249,9 @@ inventory::submit! {
             let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| squeeze_sample(&mut Gen::new(i))).collect(),
         arbitrary: squeeze_sample,
         torch: Torch::Expr(r#"torch.squeeze(x[0], a["dims"]) if "dims" in a else torch.squeeze(x[0])"#),
-        location: here!(),
     }
 }
 
@@ -294,11 +282,9 @@ fn flip_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "flip",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             flip_dims(t.shape.rank(), attrs)?;
@@ -314,11 +300,9 @@ inventory::submit! {
             Ok(vec![flip_ref(x, &dims)])
         },
         vjp: Some(|t, a| Ok(vec![Some(t.call1("flip", &[a.grads[0]], a.attrs.clone())?)])),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| flip_sample(&mut Gen::new(i))).collect(),
         arbitrary: flip_sample,
         torch: Torch::Expr(r#"torch.flip(x[0], a["dims"])"#),
-        location: here!(),
     }
 }
 
@@ -445,11 +429,9 @@ fn roll_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "roll",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             roll_plan(t, attrs)?;
@@ -463,10 +445,8 @@ inventory::submit! {
             attrs.set("shifts", back);
             Ok(vec![Some(t.call1("roll", &[a.grads[0]], attrs)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| roll_sample(&mut Gen::new(1400 + i))).collect(),
         arbitrary: roll_sample,
         torch: Torch::Expr(r#"torch.roll(x[0], a["shifts"], a.get("dims", ()))"#),
-        location: here!(),
     }
 }

@@ -1,12 +1,12 @@
 //! `reshape` and `broadcast_to`.
 
 use tpu_core::Shape;
-use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::TensorType;
 
-use crate::here;
 use crate::support::*;
 
 /// The target of `reshape`: one `-1` may stand for the remaining size.
@@ -60,11 +60,10 @@ fn reshape_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "reshape",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, reshape_target(&t.shape, attrs)?)])
@@ -81,11 +80,9 @@ inventory::submit! {
             let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.reshape(a.grads[0], &shape)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| reshape_sample(&mut Gen::new(i))).collect(),
         arbitrary: reshape_sample,
         torch: Torch::Expr(r#"torch.reshape(x[0], a["shape"])"#),
-        location: here!(),
     }
 }
 
@@ -124,11 +121,10 @@ fn broadcast_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "broadcast_to",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, broadcast_target(&t.shape, attrs)?)])
@@ -149,10 +145,8 @@ inventory::submit! {
             let shape = t.ty(a.inputs[0])?.shape;
             Ok(vec![Some(t.sum_to(a.grads[0], &shape)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| broadcast_sample(&mut Gen::new(i))).collect(),
         arbitrary: broadcast_sample,
         torch: Torch::Expr(r#"torch.broadcast_to(x[0], a["shape"])"#),
-        location: here!(),
     }
 }

@@ -3,13 +3,13 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 fn three<T>(x: &[T]) -> OpResult<(&T, &T, &T)> {
@@ -203,31 +203,25 @@ fn reference_scatter(
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "scatter",
         arity: Arity::Exactly(3),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Replace),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Replace),
         vjp: Some(|t, a| scatter_vjp(t, a, Combine::Replace)),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ALL, true)).collect(),
         arbitrary: |g| scatter_sample(g, ALL, true),
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "scatter_add",
         arity: Arity::Exactly(3),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Add),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Add),
@@ -238,7 +232,6 @@ inventory::submit! {
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter_add(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
-        location: here!(),
     }
 }
 
@@ -259,25 +252,22 @@ fn reduce_sample(g: &mut Gen) -> Sample {
 // product, the maximum or the minimum in place of the sum; the scattered
 // values combine with what `x` holds there (PyTorch's `include_self=True`).
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "scatter_reduce",
         arity: Arity::Exactly(3),
         // No Rust backward rule yet: PyTorch computes its own through the
         // bridge.
         flags: Flags::NOT_DIFFERENTIABLE,
-        dtypes: ALL,
         infer: |x, attrs| {
             reduce_attr(attrs)?;
             infer_scatter(x, attrs)
         },
         lower: |b, x, attrs| lower_scatter(b, x, attrs, reduce_attr(attrs)?),
         reference: |x, attrs| reference_scatter(x, attrs, reduce_attr(attrs)?),
-        vjp: None,
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || (0..16).map(|i| reduce_sample(&mut Gen::new(40 + i))).collect(),
         arbitrary: reduce_sample,
         torch: Torch::Expr(r#"torch.scatter_reduce(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))], a.get("reduce", "sum"))"#),
-        location: here!(),
     }
 }
 
@@ -352,11 +342,9 @@ fn index_add_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "index_add",
         arity: Arity::Exactly(3),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let (a, i, s) = three(x)?;
             index_add_plan(a, i, s, attrs)?;
@@ -412,6 +400,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| index_add_sample(&mut Gen::new(i))).collect(),
         arbitrary: index_add_sample,
         torch: Torch::Expr(r#"torch.index_add(x[0], a["dim"], x[1], x[2])"#),
-        location: here!(),
     }
 }

@@ -1,14 +1,14 @@
 //! `slice`, `narrow`, `select` and `pad`.
 
 use tpu_core::Shape;
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 /// A strided range along one dim: `start, start + step, ..` (`len` items).
@@ -147,11 +147,10 @@ fn slice_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "slice",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let r = slice_range(&t.shape, attrs)?;
@@ -166,11 +165,9 @@ inventory::submit! {
             let r = slice_range(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             Ok(vec![Some(r.vjp(t, a.grads[0], a.inputs[0])?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: slice_samples,
         arbitrary: slice_sample,
         torch: Torch::Expr(r#"torch.ops.aten.slice(x[0], a.get("dim", 0), a.get("start"), a.get("end"), a.get("step", 1))"#),
-        location: here!(),
     }
 }
 
@@ -225,11 +222,10 @@ fn narrow_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "narrow",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let r = narrow_range(&t.shape, attrs)?;
@@ -244,11 +240,9 @@ inventory::submit! {
             let r = narrow_range(&t.ty(a.inputs[0])?.shape, a.attrs)?;
             Ok(vec![Some(r.vjp(t, a.grads[0], a.inputs[0])?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| narrow_sample(&mut Gen::new(i))).collect(),
         arbitrary: narrow_sample,
         torch: Torch::Expr(r#"torch.narrow(x[0], a["dim"], a["start"], a["length"])"#),
-        location: here!(),
     }
 }
 
@@ -290,11 +284,10 @@ fn select_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "select",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, select_range(&t.shape, attrs)?.1)])
@@ -316,11 +309,9 @@ inventory::submit! {
             let g = t.reshape(a.grads[0], &kept)?;
             Ok(vec![Some(r.vjp(t, g, a.inputs[0])?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| select_sample(&mut Gen::new(i))).collect(),
         arbitrary: select_sample,
         torch: Torch::Expr(r#"torch.select(x[0], a["dim"], a["index"])"#),
-        location: here!(),
     }
 }
 
@@ -401,11 +392,9 @@ fn pad_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "pad",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, pad_plan(&t.shape, attrs)?.2)])
@@ -422,12 +411,10 @@ inventory::submit! {
             let attrs = Attrs::new().with("pad", neg).with("value", 0.0);
             Ok(vec![Some(t.call1("pad", &[a.grads[0]], attrs)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..10).map(|i| pad_sample(&mut Gen::new(i))).collect(),
         arbitrary: pad_sample,
         // Pads first, then crops: F.pad crops first, and rejects a crop larger
         // than the dim even where the other side's padding makes up for it.
         torch: Torch::Expr(r#"F.pad(F.pad(x[0], [max(p, 0) for p in a["pad"]], value=a.get("value", 0.0)), [min(p, 0) for p in a["pad"]])"#),
-        location: here!(),
     }
 }

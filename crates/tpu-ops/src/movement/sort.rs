@@ -2,15 +2,15 @@
 
 use std::cmp::Ordering;
 use tpu_core::invalid;
+use tpu_core::op_def;
 
 use ndarray::{ArrayD, Axis, IxDyn};
-use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::host::{HostData, HostTensor};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 /// PyTorch's order: NaN above everything, NaNs equal.
@@ -228,11 +228,9 @@ fn sort_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "sort",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dim, k, _) = sort_plan(t, attrs)?;
@@ -251,11 +249,9 @@ inventory::submit! {
             let (dim, _, _) = sort_plan(&t.ty(a.inputs[0])?, a.attrs)?;
             sorted_vjp(t, a, dim)
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| sort_sample(&mut Gen::new(i))).collect(),
         arbitrary: sort_sample,
         torch: Torch::Expr(r#"torch.sort(x[0], dim=a.get("dim", -1), descending=a.get("descending", False), stable=True)"#),
-        location: here!(),
     }
 }
 
@@ -297,11 +293,9 @@ fn topk_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "topk",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dim, k, _) = topk_plan(t, attrs)?;
@@ -320,11 +314,9 @@ inventory::submit! {
             let (dim, _, _) = topk_plan(&t.ty(a.inputs[0])?, a.attrs)?;
             sorted_vjp(t, a, dim)
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..12).map(|i| topk_sample(&mut Gen::new(i))).collect(),
         arbitrary: topk_sample,
         // A stable sort cut to k: torch.topk orders ties arbitrarily (and takes no bool).
         torch: Torch::Expr(r#"tuple(t.narrow(a.get("dim", -1), 0, a["k"]) if t.dim() else t for t in torch.sort(x[0], dim=a.get("dim", -1), descending=a.get("largest", True), stable=True))"#),
-        location: here!(),
     }
 }

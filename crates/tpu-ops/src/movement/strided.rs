@@ -4,14 +4,14 @@
 
 use std::cmp::Reverse;
 use tpu_core::invalid;
+use tpu_core::op_def;
 
-use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::host::HostTensor;
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 /// A strided view of `numel` flat elements, checked to stay in bounds.
@@ -590,11 +590,10 @@ fn as_strided_scatter_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "as_strided",
         arity: Arity::Exactly(1),
         flags: Flags::VIEW,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let v = View::parse(t.shape.numel(), attrs)?;
@@ -617,20 +616,16 @@ inventory::submit! {
             let v = View::parse(xt.shape.numel(), a.attrs)?;
             Ok(vec![Some(view_grad(t, a.grads[0], x, &v)?)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: as_strided_samples,
         arbitrary: as_strided_sample,
         torch: Torch::Expr(r#"torch.as_strided(x[0], a["size"], a["stride"], a.get("offset", 0))"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "as_strided_scatter",
         arity: Arity::Exactly(2),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let (base, src) = two(x)?;
             scatter_view(base, src, attrs)?;
@@ -659,7 +654,6 @@ inventory::submit! {
             let gs = t.call1("as_strided", &[g], v.attrs())?;
             Ok(vec![Some(gb), Some(gs)])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: as_strided_scatter_samples,
         arbitrary: as_strided_scatter_sample,
         // As an index_put of the flat positions the view covers: autograd of
@@ -668,14 +662,13 @@ inventory::submit! {
         torch: Torch::Expr(
             r#"x[0].flatten().index_put((torch.as_strided(torch.arange(x[0].numel()), a["size"], a["stride"], a.get("offset", 0)).flatten(),), x[1].flatten()).reshape(x[0].shape)"#
         ),
-        location: here!(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use tpu_core::Runtime;
-    use tpu_core::op::{HostTape, run_reference, single_op_program};
+    use tpu_core::op::{HostTape, OpDef, run_reference, single_op_program};
 
     use super::*;
     use crate::conformance::run_on_tpu;

@@ -1,13 +1,12 @@
 //! `triu` and `tril`: keep the upper or lower triangle of the last two dims.
 
 use tpu_core::DType;
-use tpu_core::host::{HostTensor, Tolerance};
+use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::common::*;
-use crate::here;
 use crate::support::*;
 
 fn check(t: &TensorType, attrs: &Attrs) -> OpResult<i64> {
@@ -73,11 +72,9 @@ fn sample(g: &mut Gen) -> Sample {
 macro_rules! triangle_op {
     ($name:literal, $upper:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
-                flags: Flags::NONE,
-                dtypes: ALL,
                 infer: |x, attrs| {
                     let t = x.first().ok_or("missing input")?;
                     check(t, attrs)?;
@@ -86,11 +83,9 @@ macro_rules! triangle_op {
                 lower: |b, x, attrs| Ok(vec![lower(b, &x[0], attrs, $upper)?]),
                 reference: |x, attrs| Ok(vec![reference(one(x)?, attrs, $upper)?]),
                 vjp: Some(|t, a| Ok(vec![Some(t.call1($name, &[a.grads[0]], a.attrs.clone())?)])),
-                tolerance: Tolerance::for_dtype,
                 samples: || (0..10).map(|i| sample(&mut Gen::new(i))).collect(),
                 arbitrary: sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

@@ -9,11 +9,11 @@
 
 use tpu_core::host::{HostData, HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, dim_list};
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::linalg::{matmul, transpose_last};
 use crate::reduce::kit::*;
 use crate::support::*;
@@ -413,10 +413,9 @@ fn attn_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "scaled_dot_product_attention",
         arity: Arity::AtLeast(3),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             let a = attn_args(x, attrs)?;
@@ -429,6 +428,5 @@ inventory::submit! {
         samples: attn_samples,
         arbitrary: attn_sample,
         torch: Torch::Expr(r#"F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3] if len(x) > 3 else None, is_causal=a.get("causal", False), scale=a.get("scale"))"#),
-        location: here!(),
     }
 }

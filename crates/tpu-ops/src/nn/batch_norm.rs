@@ -9,11 +9,11 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::reduce::kit::*;
 use crate::support::*;
 
@@ -324,10 +324,9 @@ fn bn_samples() -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "batch_norm",
         arity: Arity::Exactly(5),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             bn_args(x, attrs)?;
@@ -342,6 +341,5 @@ inventory::submit! {
         // F.batch_norm updates the running statistics in place, outside
         // autograd; here they are computed as outputs.
         torch: Torch::Expr(r#"(lambda c, dims, m, eps: (F.batch_norm(x[0], None, None, x[1], x[2], True, 0.0, eps), (1 - m) * x[3] + m * x[0].mean(dims), (1 - m) * x[4] + m * x[0].var(dims)) if a.get("training", False) and x[0].numel() else ((x[0] - x[3].reshape(c)) * torch.rsqrt(x[4].reshape(c) + eps) * x[1].reshape(c) + x[2].reshape(c), x[3], x[4]))([1, -1] + [1] * (x[0].dim() - 2), [0, *range(2, x[0].dim())], a.get("momentum", 0.1), a.get("eps", 1e-5))"#),
-        location: here!(),
     }
 }

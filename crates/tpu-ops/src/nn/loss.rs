@@ -9,11 +9,11 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::reduce::kit::*;
 use crate::support::*;
 
@@ -345,7 +345,7 @@ fn loss_samples(softmax: bool, seed: u64) -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "cross_entropy",
         arity: Arity::Exactly(2),
         flags: Flags::REDUCTION,
@@ -358,12 +358,11 @@ inventory::submit! {
         samples: || loss_samples(true, 1100),
         arbitrary: |g: &mut Gen| loss_sample(g, true),
         torch: Torch::Expr(r#"F.cross_entropy(x[0], x[1].long(), ignore_index=a.get("ignore_index", -100), reduction=a.get("reduction", "mean"), label_smoothing=a.get("label_smoothing", 0.0))"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "nll_loss",
         arity: Arity::Exactly(2),
         flags: Flags::REDUCTION,
@@ -376,6 +375,5 @@ inventory::submit! {
         samples: || loss_samples(false, 1200),
         arbitrary: |g: &mut Gen| loss_sample(g, false),
         torch: Torch::Expr(r#"F.nll_loss(x[0], x[1].long(), ignore_index=a.get("ignore_index", -100), reduction=a.get("reduction", "mean"))"#),
-        location: here!(),
     }
 }

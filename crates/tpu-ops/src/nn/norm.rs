@@ -6,11 +6,11 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::reduce::kit::*;
 use crate::support::*;
 
@@ -244,10 +244,9 @@ fn norm_samples(kind: Kind) -> Vec<Sample> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "layer_norm",
         arity: Arity::AtLeast(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             norm_args(Kind::Layer, x, attrs)?;
@@ -260,15 +259,13 @@ inventory::submit! {
         samples: || norm_samples(Kind::Layer),
         arbitrary: |g: &mut Gen| norm_sample(Kind::Layer, g),
         torch: Torch::Expr(r#"F.layer_norm(x[0], x[0].shape[x[0].dim() - a.get("normalized_dims", x[1].dim() if len(x) > 1 else 1):], *x[1:], eps=a.get("eps", 1e-5))"#),
-        location: here!(),
     }
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "rms_norm",
         arity: Arity::AtLeast(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             norm_args(Kind::Rms, x, attrs)?;
@@ -281,6 +278,5 @@ inventory::submit! {
         samples: || norm_samples(Kind::Rms),
         arbitrary: |g: &mut Gen| norm_sample(Kind::Rms, g),
         torch: Torch::Expr(r#"F.rms_norm(x[0], x[0].shape[x[0].dim() - a.get("normalized_dims", x[1].dim() if len(x) > 1 else 1):], *x[1:], eps=a.get("eps", 1e-6))"#),
-        location: here!(),
     }
 }

@@ -6,12 +6,12 @@
 use ndarray::Zip;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
 use super::bits::*;
-use crate::here;
 use crate::support::*;
 
 /// The `shape` attribute (every dim >= 0, at most `u32::MAX` elements: the
@@ -149,7 +149,7 @@ fn uniform_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "uniform",
         arity: Arity::Exactly(1),
         flags: Flags::RANDOM,
@@ -161,12 +161,10 @@ inventory::submit! {
         },
         lower: |b, x, attrs| Ok(vec![lower_uniform(b, &x[0], &uniform_args(attrs)?)]),
         reference: |x, attrs| Ok(vec![uniform_ref(one(x)?, &uniform_args(attrs)?)?]),
-        vjp: None,
         tolerance: |d| Tolerance::for_dtype(d).scaled(2.0),
         samples: || (0..8).map(|i| uniform_sample(&mut Gen::new(i))).collect(),
         arbitrary: uniform_sample,
         torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
-        location: here!(),
     }
 }
 
@@ -248,7 +246,7 @@ fn normal_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "normal",
         arity: Arity::Exactly(1),
         flags: Flags::RANDOM,
@@ -260,13 +258,11 @@ inventory::submit! {
         },
         lower: |b, x, attrs| Ok(vec![lower_normal(b, &x[0], &normal_args(attrs)?)]),
         reference: |x, attrs| Ok(vec![normal_ref(one(x)?, &normal_args(attrs)?)?]),
-        vjp: None,
         // log and cos are computed in f32 on the device.
         tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
         samples: || (0..8).map(|i| normal_sample(&mut Gen::new(i))).collect(),
         arbitrary: normal_sample,
         torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
-        location: here!(),
     }
 }
 
@@ -298,7 +294,7 @@ fn bernoulli_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "bernoulli",
         arity: Arity::Exactly(1),
         flags: Flags::RANDOM,
@@ -319,12 +315,9 @@ inventory::submit! {
                 .map(|t| vec![t])
                 .ok_or_else(|| "bernoulli value count mismatch".into())
         },
-        vjp: None,
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| bernoulli_sample(&mut Gen::new(i))).collect(),
         arbitrary: bernoulli_sample,
         torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
-        location: here!(),
     }
 }
 
@@ -377,7 +370,7 @@ fn dropout_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "dropout",
         arity: Arity::Exactly(2),
         flags: Flags::RANDOM,
@@ -394,11 +387,9 @@ inventory::submit! {
             let g = t.call1("dropout", &[a.grads[0], a.inputs[1]], a.attrs.clone())?;
             Ok(vec![Some(g), None])
         }),
-        tolerance: Tolerance::for_dtype,
         samples: || (0..8).map(|i| dropout_sample(&mut Gen::new(i))).collect(),
         arbitrary: dropout_sample,
         torch: Torch::Unmatched("draws from an explicit key; PyTorch's generator gives other numbers"),
-        location: here!(),
     }
 }
 

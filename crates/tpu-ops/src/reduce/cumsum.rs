@@ -4,12 +4,12 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
 use super::scan::prefix_scan;
-use crate::here;
 use crate::support::*;
 
 fn cumsum_dtype(d: DType) -> DType {
@@ -85,11 +85,9 @@ fn cumsum_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "cumsum",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = first(x)?;
             cumsum_dim(t.shape.rank(), attrs)?;
@@ -102,6 +100,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| dim_sample(&mut Gen::new(900 + i), ALL, -3.0, 3.0)).collect(),
         arbitrary: |g: &mut Gen| dim_sample(g, ALL, -3.0, 3.0),
         torch: Torch::Expr(r#"torch.cumsum(x[0], a["dim"])"#),
-        location: here!(),
     }
 }

@@ -5,13 +5,12 @@
 
 use tpu_core::DType;
 use tpu_core::Shape;
-use tpu_core::host::{HostData, HostTensor, Tolerance};
+use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 fn infer_extreme(inputs: &[TensorType], attrs: &Attrs, what: &str) -> OpResult<Vec<TensorType>> {
@@ -83,20 +82,17 @@ fn extreme_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> 
 macro_rules! extreme_op {
     ($name:literal, $largest:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::REDUCTION,
-                dtypes: ALL,
                 infer: |x, attrs| infer_extreme(x, attrs, $name),
                 lower: |b, x, attrs| Ok(vec![lower_extreme(b, &x[0], attrs, $largest)?]),
                 reference: |x, attrs| Ok(vec![extreme_ref(one(x)?, attrs, $largest)?]),
                 vjp: Some(extreme_vjp),
-                tolerance: Tolerance::for_dtype,
                 samples: || (0..10).map(|i| reduce_sample_nonempty(&mut Gen::new(300 + i), ALL)).collect(),
                 arbitrary: |g: &mut Gen| reduce_sample_nonempty(g, ALL),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -265,7 +261,7 @@ fn arg_sample(g: &mut Gen) -> Sample {
 macro_rules! arg_op {
     ($name:literal, $largest:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::REDUCTION,
@@ -273,8 +269,6 @@ macro_rules! arg_op {
                 infer: |x, attrs| infer_arg(x, attrs, $name),
                 lower: |b, x, attrs| Ok(vec![lower_arg(b, &x[0], attrs, $largest)?]),
                 reference: |x, attrs| Ok(vec![arg_ref(one(x)?, attrs, $largest)?]),
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: || {
                     let mut s: Vec<Sample> = (0..10).map(|i| arg_sample(&mut Gen::new(400 + i))).collect();
                     // Ties resolve to the first index; zero-size kept dims are fine.
@@ -289,7 +283,6 @@ macro_rules! arg_op {
                 },
                 arbitrary: arg_sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

@@ -2,12 +2,11 @@
 //! counts as true). Empty reductions give false and true.
 
 use tpu_core::DType;
-use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Torch};
+use tpu_core::host::{HostData, HostTensor};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Torch};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 fn lower_logic(b: &mut Builder, x: &Value, attrs: &Attrs, any: bool) -> OpResult<Value> {
@@ -66,11 +65,10 @@ fn logic_sample(g: &mut Gen) -> tpu_core::op::Sample {
 macro_rules! logic_op {
     ($name:literal, $any:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::REDUCTION,
-                dtypes: ALL,
                 infer: |x, attrs| {
                     let t = first(x)?;
                     let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
@@ -78,12 +76,9 @@ macro_rules! logic_op {
                 },
                 lower: |b, x, attrs| Ok(vec![lower_logic(b, &x[0], attrs, $any)?]),
                 reference: |x, attrs| Ok(vec![logic_ref(one(x)?, attrs, $any)?]),
-                vjp: None,
-                tolerance: Tolerance::for_dtype,
                 samples: || (0..12).map(|i| logic_sample(&mut Gen::new(500 + i))).collect(),
                 arbitrary: logic_sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

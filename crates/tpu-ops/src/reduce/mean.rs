@@ -4,11 +4,11 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 fn infer_mean(inputs: &[TensorType], attrs: &tpu_core::op::Attrs) -> OpResult<Vec<TensorType>> {
@@ -55,7 +55,7 @@ fn mean_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "mean",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
@@ -70,7 +70,6 @@ inventory::submit! {
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         torch: Torch::Expr(r#"(lambda d, k: torch.mean(x[0], d, keepdim=k) if d else torch.mean(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
-        location: here!(),
     }
 }
 
@@ -175,11 +174,10 @@ fn prod_sample(g: &mut Gen, dtypes: &[DType]) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "prod",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = first(x)?;
             let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
@@ -195,6 +193,5 @@ inventory::submit! {
         // none: that case reduces a new trailing dim of size 1 instead.
         // `torch.prod` takes one dim, so the dims are reduced one at a time.
         torch: Torch::Expr(r#"(lambda d, k: (lambda y: y if k else y.squeeze(d))(__import__("functools").reduce(lambda y, i: y.prod(i, keepdim=True), d, x[0].unsqueeze(-1).prod(-1))))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
-        location: here!(),
     }
 }

@@ -4,11 +4,10 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 fn correction(attrs: &Attrs) -> OpResult<f64> {
@@ -131,7 +130,7 @@ fn moment_sample(g: &mut Gen) -> Sample {
 macro_rules! moment_op {
     ($name:literal, $sqrt:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
                 flags: Flags::REDUCTION,
@@ -144,7 +143,6 @@ macro_rules! moment_op {
                 samples: || (0..12).map(|i| moment_sample(&mut Gen::new(600 + i))).collect(),
                 arbitrary: moment_sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

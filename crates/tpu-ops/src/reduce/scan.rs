@@ -6,11 +6,11 @@
 use ndarray::ArrayD;
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 /// Inclusive scan of `x` along `dim` with an associative `combine(later,
@@ -193,11 +193,9 @@ fn cumextreme_sample(g: &mut Gen) -> Sample {
 macro_rules! cumextreme_op {
     ($name:literal, $largest:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
-                flags: Flags::NONE,
-                dtypes: ALL,
                 infer: |x, attrs| {
                     let t = first(x)?;
                     scan_dim(t.shape.rank(), attrs)?;
@@ -212,11 +210,9 @@ macro_rules! cumextreme_op {
                     Ok(cumextreme_ref(x, scan_dim(x.shape().rank(), attrs)?, $largest))
                 },
                 vjp: Some(cumextreme_vjp),
-                tolerance: Tolerance::for_dtype,
                 samples: || (0..12).map(|i| cumextreme_sample(&mut Gen::new(1300 + i))).collect(),
                 arbitrary: cumextreme_sample,
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };
@@ -307,10 +303,9 @@ fn logcumsumexp_sample(g: &mut Gen) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "logcumsumexp",
         arity: Arity::Exactly(1),
-        flags: Flags::NONE,
         dtypes: FLOATS,
         infer: |x, attrs| {
             let t = first(x)?;
@@ -327,6 +322,5 @@ inventory::submit! {
         samples: || (0..12).map(|i| logcumsumexp_sample(&mut Gen::new(1340 + i))).collect(),
         arbitrary: logcumsumexp_sample,
         torch: Torch::Expr(r#"torch.logcumsumexp(x[0], a["dim"])"#),
-        location: here!(),
     }
 }

@@ -3,11 +3,11 @@
 //! maximum first; f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::kit::*;
-use crate::here;
 use crate::support::*;
 
 fn lower_logsumexp(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
@@ -59,7 +59,7 @@ fn logsumexp_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "logsumexp",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
@@ -87,7 +87,6 @@ inventory::submit! {
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         torch: Torch::Expr(r#"(lambda d, k: torch.logsumexp(x[0], d, keepdim=k) if d else torch.logsumexp(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
-        location: here!(),
     }
 }
 
@@ -161,10 +160,9 @@ fn softmax_samples() -> Vec<Sample> {
 macro_rules! softmax_op {
     ($name:literal, $log:expr, torch: $torch:literal) => {
         inventory::submit! {
-            OpDef {
+            tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
-                flags: Flags::NONE,
                 dtypes: FLOATS,
                 infer: infer_softmax,
                 lower: |b, x, attrs| Ok(vec![lower_softmax(b, &x[0], attrs, $log)?]),
@@ -174,7 +172,6 @@ macro_rules! softmax_op {
                 samples: softmax_samples,
                 arbitrary: |g: &mut Gen| dim_sample(g, FLOATS, -3.0, 3.0),
                 torch: Torch::Expr($torch),
-                location: here!(),
             }
         }
     };

@@ -3,11 +3,11 @@
 
 use ndarray::Axis;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpDef, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
-use crate::here;
 use crate::support::*;
 
 /// The dims (`dims` attribute, all when absent) and `keepdim` of a reduction.
@@ -87,11 +87,10 @@ pub(crate) fn reduce_sample(g: &mut Gen, dtypes: &[DType]) -> Sample {
 }
 
 inventory::submit! {
-    OpDef {
+    op_def! {
         name: "sum",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
-        dtypes: ALL,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
@@ -112,6 +111,5 @@ inventory::submit! {
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         torch: Torch::Expr(r#"(lambda d, k: torch.sum(x[0], d, keepdim=k) if d else torch.sum(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),
-        location: here!(),
     }
 }

@@ -10,11 +10,3 @@ pub use dtypes::*;
 pub use reference::*;
 pub use samples::*;
 pub use shapes::*;
-
-/// `file:line` of the op record, for duplicate-name errors.
-#[macro_export]
-macro_rules! here {
-    () => {
-        concat!(file!(), ":", line!())
-    };
-}
