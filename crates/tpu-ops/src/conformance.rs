@@ -5,10 +5,8 @@
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
 use tpu_core::op::OpResult;
-use tpu_core::op::{
-    Attrs, Gen, HostTape, OpDef, Sample, Tape, Torch, Var, VjpArgs, run_on_device, run_reference,
-};
-use tpu_core::{DType, HostBuffer, Result, Runtime};
+use tpu_core::op::{Attrs, Gen, HostTape, OpDef, Sample, Tape, Torch, Var, VjpArgs, run_reference};
+use tpu_core::{DType, Device, Result, Tensor, policy};
 
 /// An op's hand-picked samples followed by `random` generated ones.
 pub fn cases(op: &OpDef, random: usize, seed: u64) -> Vec<Sample> {
@@ -18,25 +16,23 @@ pub fn cases(op: &OpDef, random: usize, seed: u64) -> Vec<Sample> {
     all
 }
 
-/// Runs `op` as a single-op program on device `device` of `runtime`:
-/// upload, execute, download.
+/// Runs `op` on `tpu:device` through the execution policy in force (a
+/// binary that links no policy crate has none: link `tpu-eager`): upload,
+/// dispatch, download.
 pub fn run_on_tpu(
-    runtime: &Runtime,
     device: usize,
     op: &OpDef,
     inputs: &[HostTensor],
     attrs: &Attrs,
 ) -> Result<Vec<HostTensor>> {
-    let client = runtime.client();
-    let buffers = inputs
+    let device = Device::Tpu(device);
+    let tensors = inputs
         .iter()
-        .map(|x| x.to_buffer().upload(client, device))
+        .map(|x| Tensor::from_host(x.clone(), device))
         .collect::<Result<Vec<_>>>()?;
-    let refs: Vec<_> = buffers.iter().collect();
-    let outputs = run_on_device(runtime, device, op, &refs, attrs)?;
-    outputs
+    policy::call(op.name, &tensors, attrs, Some(device))?
         .iter()
-        .map(|b| HostBuffer::download(b).map(|h| HostTensor::from_buffer(&h)))
+        .map(Tensor::to_host)
         .collect()
 }
 

@@ -14,6 +14,7 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod creation;
 pub mod elementwise;

@@ -6,7 +6,6 @@ use std::sync::Mutex;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use tpu_core::Runtime;
 use tpu_core::op::{Flags, Gen, OpDef, check_inputs, single_op_program};
 use tpu_ops::conformance::{
     VjpCheck, cases, check_sample, check_vjp, looks_differentiable, run_on_tpu, selected_ops,
@@ -72,11 +71,11 @@ fn registered_names_match_the_checked_in_list() {
 
 #[test]
 fn every_op_matches_its_reference_on_tpu() {
-    let runtime = Runtime::global().expect("a PJRT plugin");
+    tpu_eager::link(); // the device runs go through the Strict policy
     for_each_op(|op| {
         let mut failures = Vec::new();
         for sample in (op.samples)() {
-            if let Err(e) = check_sample(op, &sample, |op, x, a| run_on_tpu(runtime, 0, op, x, a)) {
+            if let Err(e) = check_sample(op, &sample, |op, x, a| run_on_tpu(0, op, x, a)) {
                 failures.push(e.message);
             }
         }
@@ -87,7 +86,7 @@ fn every_op_matches_its_reference_on_tpu() {
         });
         let result = runner.run(&any::<u64>(), |seed| {
             let sample = (op.arbitrary)(&mut Gen::new(seed));
-            check_sample(op, &sample, |op, x, a| run_on_tpu(runtime, 0, op, x, a))
+            check_sample(op, &sample, |op, x, a| run_on_tpu(0, op, x, a))
                 .map_err(|e| TestCaseError::fail(e.message))
         });
         if let Err(e) = result {

@@ -1,14 +1,12 @@
 //! Running one op: inference first (typed errors before any work), then the
-//! host reference or a single-op StableHLO program on a PJRT device.
+//! host reference, or the single-op StableHLO program the policies compile.
 
 use std::fmt::Display;
 
 use super::{Attrs, OpDef, OpError};
-use crate::Runtime;
 use crate::Shape;
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
-use crate::pjrt::{Buffer, CompileOptions};
 use crate::stablehlo::{Builder, TensorType};
 
 fn describe(types: &[TensorType]) -> String {
@@ -173,46 +171,4 @@ pub fn single_op_program_over(
         ));
     }
     Ok(builder.finish(&outputs))
-}
-
-/// Runs `op` on device `device` of `runtime` as a single-op program
-/// (compiled once per op, attributes, input types and device).
-pub fn run_on_device(
-    runtime: &Runtime,
-    device: usize,
-    op: &OpDef,
-    inputs: &[&Buffer],
-    attrs: &Attrs,
-) -> Result<Vec<Buffer>> {
-    let types: Vec<TensorType> = inputs
-        .iter()
-        .map(|b| TensorType::new(b.dtype(), b.shape().clone()))
-        .collect();
-    let name = format!("tpu:{device}");
-    if let Some(other) = inputs.iter().find(|b| b.device() != device) {
-        return Err(invalid(
-            op,
-            &types,
-            &name,
-            format!("an input lives on tpu:{}", other.device()),
-        ));
-    }
-    let program = single_op_program(op, &types, attrs).map_err(|e| match e {
-        Error::InvalidInput {
-            kind,
-            op,
-            inputs,
-            reason,
-            ..
-        } => Error::InvalidInput {
-            kind,
-            op,
-            inputs,
-            device: name.clone(),
-            reason,
-        },
-        other => other,
-    })?;
-    let exe = runtime.compile(&program, &CompileOptions::on_device(device))?;
-    exe.run(inputs)
 }

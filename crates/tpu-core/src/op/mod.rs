@@ -15,8 +15,8 @@ mod tape;
 
 pub use attrs::{Attr, Attrs};
 pub use dispatch::{
-    MAX_TENSOR_BYTES, check_inputs, run_on_device, run_reference, single_op_program,
-    single_op_program_over, tensor_bytes,
+    MAX_TENSOR_BYTES, check_inputs, run_reference, single_op_program, single_op_program_over,
+    tensor_bytes,
 };
 pub use error::{OpError, OpErrorKind, OpResult};
 pub use host_tape::HostTape;
@@ -101,6 +101,7 @@ impl Flags {
 }
 
 /// One set of inputs and attributes for an op, for tests and docs.
+#[cfg(feature = "conformance")]
 #[derive(Clone, Debug)]
 pub struct Sample {
     /// The inputs.
@@ -109,6 +110,7 @@ pub struct Sample {
     pub attrs: Attrs,
 }
 
+#[cfg(feature = "conformance")]
 impl Sample {
     /// A sample from its parts.
     pub fn new(inputs: Vec<HostTensor>, attrs: Attrs) -> Sample {
@@ -150,8 +152,10 @@ pub struct OpDef {
     /// How close the device result must be to the reference, per dtype.
     pub tolerance: fn(DType) -> Tolerance,
     /// Hand-picked inputs, awkward sizes included.
+    #[cfg(feature = "conformance")]
     pub samples: fn() -> Vec<Sample>,
     /// A random valid call, for property tests.
+    #[cfg(feature = "conformance")]
     pub arbitrary: fn(&mut Gen) -> Sample,
     /// The PyTorch function it matches, for the parity test.
     pub torch: Torch,
@@ -176,7 +180,9 @@ impl OpDef {
         reference: |_, _| Err(OpError::unsupported("the op record gives no reference")),
         vjp: None,
         tolerance: Tolerance::for_dtype,
+        #[cfg(feature = "conformance")]
         samples: Vec::new,
+        #[cfg(feature = "conformance")]
         arbitrary: |_| Sample::new(vec![], Attrs::new()),
         torch: Torch::Unmatched("the op record names no PyTorch counterpart"),
         location: "",
@@ -212,6 +218,20 @@ macro_rules! op_def {
         };
         def
     }};
+    // Sample generators exist only in builds with the `conformance`
+    // feature (of the crate that defines the record).
+    (@fields [$($done:tt)*] samples : $value:expr $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* #[cfg(feature = "conformance")] samples: $value,] $($($rest)*)?)
+    };
+    (@fields [$($done:tt)*] arbitrary : $value:expr $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* #[cfg(feature = "conformance")] arbitrary: $value,] $($($rest)*)?)
+    };
+    (@fields [$($done:tt)*] samples $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* #[cfg(feature = "conformance")] samples: samples,] $($($rest)*)?)
+    };
+    (@fields [$($done:tt)*] arbitrary $(, $($rest:tt)*)?) => {
+        $crate::op_def!(@fields [$($done)* #[cfg(feature = "conformance")] arbitrary: arbitrary,] $($($rest)*)?)
+    };
     (@fields [$($done:tt)*] $field:ident : $value:expr $(, $($rest:tt)*)?) => {
         $crate::op_def!(@fields [$($done)* $field: $value,] $($($rest)*)?)
     };

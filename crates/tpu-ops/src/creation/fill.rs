@@ -3,11 +3,14 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Shape};
 
+#[cfg(feature = "conformance")]
 use crate::support::*;
 
 /// The `shape` attribute as a shape (every dim >= 0).
@@ -39,6 +42,7 @@ fn full_type(attrs: &Attrs) -> OpResult<TensorType> {
     filled_type(attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn full_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 3);

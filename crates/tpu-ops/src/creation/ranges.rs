@@ -5,7 +5,9 @@ use ndarray::{ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attr, Attrs, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attr, Attrs, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -23,6 +25,7 @@ fn dtype_or_f32(attrs: &Attrs) -> OpResult<DType> {
 
 // ---- zeros / ones ----
 
+#[cfg(feature = "conformance")]
 fn filled_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -33,6 +36,7 @@ fn filled_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn filled_samples() -> Vec<Sample> {
     let mut out: Vec<Sample> = (0..6).map(|i| filled_sample(&mut Gen::new(i))).collect();
     for dims in FIXED_SHAPES {
@@ -193,6 +197,7 @@ fn arange_ref(a: &Arange) -> OpResult<HostTensor> {
     }
 }
 
+#[cfg(feature = "conformance")]
 fn arange_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(NUMERIC);
     let mut attrs = Attrs::new();
@@ -223,6 +228,7 @@ fn arange_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn arange_samples() -> Vec<Sample> {
     let mut out: Vec<Sample> = (0..8).map(|i| arange_sample(&mut Gen::new(i))).collect();
     let fixed: &[(f64, f64, f64, DType)] = &[
@@ -303,6 +309,7 @@ pub(crate) fn lower_diagonal(b: &mut Builder, n: usize, m: usize) -> Value {
     b.compare(Compare::Eq, &rows, &cols)
 }
 
+#[cfg(feature = "conformance")]
 fn eye_sample(g: &mut Gen) -> Sample {
     let mut attrs = Attrs::new().with("n", g.dim());
     if g.bool() {
@@ -352,6 +359,7 @@ fn iota_args(attrs: &Attrs) -> OpResult<(TensorType, usize)> {
     Ok((TensorType::new(dtype, shape), dim))
 }
 
+#[cfg(feature = "conformance")]
 fn iota_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(1, 4);
     let rank = shape.rank() as i64;

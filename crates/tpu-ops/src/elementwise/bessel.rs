@@ -26,7 +26,9 @@ use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
@@ -394,6 +396,7 @@ fn k_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, nu: u32, scaled: bool) -> OpResult<V
 
 // ---- records ----
 
+#[cfg(feature = "conformance")]
 fn sample(g: &mut Gen, lo: f64, hi: f64) -> Sample {
     unary_arbitrary(g, FLOATS, lo, hi)
 }
@@ -401,6 +404,7 @@ fn sample(g: &mut Gen, lo: f64, hi: f64) -> Sample {
 /// The regimes' edges and far points, besides the random values; the
 /// infinities where PyTorch's answer is the limit (its `i0(±∞)` and
 /// `i1(±∞)` are NaN; ours are `±∞`, tested in `tests` below).
+#[cfg(feature = "conformance")]
 fn samples(kind: Kind) -> Vec<Sample> {
     let mut points = vec![
         0.5,

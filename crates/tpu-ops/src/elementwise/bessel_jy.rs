@@ -18,8 +18,12 @@
 use std::f64::consts::PI;
 
 use tpu_core::DType;
-use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::host::HostTensor;
+use tpu_core::host::Tolerance;
+use tpu_core::op::{Arity, Flags, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Attrs, Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::bessel::{asymptotic_terms, call, half_period_nodes, minus_over_x};
@@ -365,6 +369,7 @@ fn derivative(
 /// The regimes' edges and far points, besides the random values. Not the
 /// infinities: PyTorch's CPU gives NaN there, ours are the limit 0 (tested
 /// below).
+#[cfg(feature = "conformance")]
 fn samples(kind: Kind) -> Vec<Sample> {
     let mut points = vec![
         0.5,

@@ -2,7 +2,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -147,6 +149,7 @@ arith_op!("mul", dtypes: ALL, float: false, hlo: "stablehlo.multiply",
     torch: "torch.mul(x[0], x[1])");
 
 /// Divisors away from zero.
+#[cfg(feature = "conformance")]
 fn nonzero_divisor(mut s: Sample) -> Sample {
     let d = &s.inputs[1];
     let fixed = map_same(
@@ -173,6 +176,7 @@ arith_op!("div", dtypes: NUMERIC, float: true, hlo: "stablehlo.divide",
     arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
     torch: "torch.div(x[0], x[1])");
 
+#[cfg(feature = "conformance")]
 fn positive_base(mut s: Sample) -> Sample {
     let base = &s.inputs[0];
     s.inputs[0] = map_same(base, |v| v.abs() + 0.5, |v| v.abs() % 4);

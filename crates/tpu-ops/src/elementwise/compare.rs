@@ -1,8 +1,10 @@
 //! Comparisons: broadcasting, computed in the promoted dtype, giving bool.
 
 use tpu_core::DType;
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
 use tpu_core::op::OpResult;
-use tpu_core::op::{Arity, Flags, Gen, Torch};
+use tpu_core::op::{Arity, Flags, Torch};
 use tpu_core::stablehlo::{Compare, TensorType};
 
 use super::binary::{infer_binary, operands};

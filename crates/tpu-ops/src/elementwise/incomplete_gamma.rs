@@ -19,7 +19,9 @@ use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Attrs, Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::binary::{infer_binary, operands};
@@ -352,6 +354,7 @@ fn edges(o: &mut Lanes<'_>, a: &Value, x: &Value, value: Value, upper: bool) -> 
 
 /// Pairs with `a` in (0, 12] and `x` in [0, 24], the regime boundary
 /// `x = a + 1`, large `a` near its mean, and every edge rule.
+#[cfg(feature = "conformance")]
 fn samples() -> Vec<Sample> {
     let mut samples: Vec<Sample> = binary_samples(FLOATS)
         .into_iter()

@@ -2,7 +2,9 @@
 //! bool only).
 
 use tpu_core::DType;
-use tpu_core::op::{Arity, Flags, Gen, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
+use tpu_core::op::{Arity, Flags, Torch};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::binary::{infer_binary, operands};

@@ -4,7 +4,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 
 use super::binary::{infer_binary, lower_arith};
@@ -70,6 +72,7 @@ fn next_after_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
 
 /// Broadcasting pairs plus the edges: equal operands, zeros, infinities
 /// and NaN.
+#[cfg(feature = "conformance")]
 fn next_after_samples() -> Vec<Sample> {
     let mut samples = binary_samples(FLOATS);
     for (i, &dtype) in FLOATS.iter().enumerate() {

@@ -15,7 +15,9 @@ use tpu_core::op_def;
 
 use tpu_core::DType;
 use tpu_core::host::Tolerance;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::lanes::Lanes;
@@ -190,6 +192,7 @@ fn lower(b: &mut Builder, x: &Value, kind: Kind) -> Value {
     o.b.convert(&y, out)
 }
 
+#[cfg(feature = "conformance")]
 fn samples(lo: f64, hi: f64, edges: &[f64]) -> Vec<Sample> {
     let mut s = unary_samples(FLOATS, lo, hi);
     for &d in FLOATS {

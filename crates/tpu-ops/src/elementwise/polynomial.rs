@@ -10,7 +10,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::binary::{infer_binary, operands};
@@ -249,6 +251,7 @@ fn reference(x: &[HostTensor], family: Family, shifted: bool) -> OpResult<Vec<Ho
 
 /// `x` in `[-1.2, 1.2]` (`[-0.1, 1.1]` shifted), where the terms stay
 /// small enough for f32, and integer degrees from -2 to 10, broadcast.
+#[cfg(feature = "conformance")]
 fn sample(g: &mut Gen, shifted: bool) -> Sample {
     let dtype = g.pick(FLOATS);
     let shape = g.shape(0, 3);

@@ -4,7 +4,9 @@ use ndarray::Zip;
 use tpu_core::DType;
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -65,6 +67,7 @@ fn where_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
     }])
 }
 
+#[cfg(feature = "conformance")]
 fn where_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(0, 3);
     let dtype = g.pick(NUMERIC);
@@ -124,6 +127,7 @@ fn lower_clamp(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value> {
     Ok(y)
 }
 
+#[cfg(feature = "conformance")]
 fn clamp_sample(g: &mut Gen) -> Sample {
     let mut s = unary_arbitrary(g, NUMERIC, -5.0, 5.0);
     match g.below(3) {
@@ -192,6 +196,7 @@ fn lower_cast(b: &mut Builder, x: &Value, to: DType) -> Value {
     b.convert(x, to)
 }
 
+#[cfg(feature = "conformance")]
 fn cast_sample(g: &mut Gen) -> Sample {
     let from = g.pick(ALL);
     let to = g.pick(ALL);

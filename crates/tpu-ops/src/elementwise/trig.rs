@@ -2,7 +2,9 @@
 //! XLA expands with care near the branch points) and referenced against
 //! Rust's `f64`.
 
-use tpu_core::op::{Arity, Flags, Gen, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
+use tpu_core::op::{Arity, Flags, OpResult, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};

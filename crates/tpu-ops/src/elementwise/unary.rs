@@ -4,7 +4,9 @@
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -452,6 +454,7 @@ same_op!("relu", dtypes: NUMERIC,
 // ---- Predicates. ----
 
 /// Float samples with NaN, infinities and signed zeros mixed in.
+#[cfg(feature = "conformance")]
 fn special_samples() -> Vec<Sample> {
     let values = vec![
         0.0,
@@ -477,6 +480,7 @@ fn special_samples() -> Vec<Sample> {
         .collect()
 }
 
+#[cfg(feature = "conformance")]
 fn special_arbitrary(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let shape = g.shape(0, 3);

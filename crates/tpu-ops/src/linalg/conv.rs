@@ -12,7 +12,9 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value, i64_array};
 use tpu_core::{DType, Shape};
@@ -524,6 +526,7 @@ fn convolution_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var
 }
 
 /// A random permutation of `0..n`.
+#[cfg(feature = "conformance")]
 fn shuffled(g: &mut Gen, n: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
@@ -533,6 +536,7 @@ fn shuffled(g: &mut Gen, n: usize) -> Vec<usize> {
 }
 
 /// Lays out canonical `[a, b, spatial...]` sizes as `spec` says.
+#[cfg(feature = "conformance")]
 fn place(canon: &[usize], spec: &[usize]) -> Shape {
     let mut dims = vec![0; canon.len()];
     for (role, &d) in spec.iter().enumerate() {
@@ -541,6 +545,7 @@ fn place(canon: &[usize], spec: &[usize]) -> Shape {
     Shape::new(dims)
 }
 
+#[cfg(feature = "conformance")]
 fn convolution_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let n = 1 + g.below(2);
@@ -768,6 +773,7 @@ fn conv_nd_vjp(
     Ok(grads)
 }
 
+#[cfg(feature = "conformance")]
 fn conv_nd_sample(g: &mut Gen, n: usize) -> Sample {
     let dtype = g.pick(FLOATS);
     let groups = if g.bool() { 1 + g.below(3) } else { 1 };
@@ -831,58 +837,39 @@ fn conv_nd_sample(g: &mut Gen, n: usize) -> Sample {
     Sample::new(inputs, attrs)
 }
 
-inventory::submit! {
-    op_def! {
-        name: "conv1d",
-        arity: Arity::AtLeast(2),
-        dtypes: FLOATS,
-        infer: |x, attrs| {
-            if x.len() > 3 {
-                return Err("conv1d takes (input, weight[, bias])".into());
+/// `conv1d` / `conv2d`: PyTorch's functional convolutions over `$n`
+/// spatial dims, with optional bias.
+macro_rules! conv_nd_op {
+    ($name:literal, $n:literal) => {
+        inventory::submit! {
+            tpu_core::op_def! {
+                name: $name,
+                arity: Arity::AtLeast(2),
+                dtypes: FLOATS,
+                infer: |x, attrs| {
+                    if x.len() > 3 {
+                        return Err(concat!($name, " takes (input, weight[, bias])").into());
+                    }
+                    let c = conv_nd(x, attrs, $n, $name)?;
+                    Ok(vec![TensorType::new(x[0].dtype, c.out)])
+                },
+                lower: |b, x, attrs| {
+                    let types: Vec<TensorType> = x.iter().map(|v| v.ty().clone()).collect();
+                    Ok(vec![lower_conv_nd(b, x, &conv_nd(&types, attrs, $n, $name)?)?])
+                },
+                reference: |x, attrs| {
+                    let types: Vec<TensorType> = x.iter().map(HostTensor::ty).collect();
+                    Ok(vec![conv_nd_ref(x, &conv_nd(&types, attrs, $n, $name)?)?])
+                },
+                vjp: Some(|t, a| conv_nd_vjp(t, a, $n, $name)),
+                tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
+                samples: || (0..12).map(|i| conv_nd_sample(&mut Gen::new(i), $n)).collect(),
+                arbitrary: |g: &mut Gen| conv_nd_sample(g, $n),
+                torch: Torch::Expr(concat!("F.", $name, r#"(*x, stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1))"#)),
             }
-            let c = conv_nd(x, attrs, 1, "conv1d")?;
-            Ok(vec![TensorType::new(x[0].dtype, c.out)])
-        },
-        lower: |b, x, attrs| {
-            let types: Vec<TensorType> = x.iter().map(|v| v.ty().clone()).collect();
-            Ok(vec![lower_conv_nd(b, x, &conv_nd(&types, attrs, 1, "conv1d")?)?])
-        },
-        reference: |x, attrs| {
-            let types: Vec<TensorType> = x.iter().map(HostTensor::ty).collect();
-            Ok(vec![conv_nd_ref(x, &conv_nd(&types, attrs, 1, "conv1d")?)?])
-        },
-        vjp: Some(|t, a| conv_nd_vjp(t, a, 1, "conv1d")),
-        tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
-        samples: || (0..12).map(|i| conv_nd_sample(&mut Gen::new(i), 1)).collect(),
-        arbitrary: |g: &mut Gen| conv_nd_sample(g, 1),
-        torch: Torch::Expr(r#"F.conv1d(*x, stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1))"#),
-    }
+        }
+    };
 }
 
-inventory::submit! {
-    op_def! {
-        name: "conv2d",
-        arity: Arity::AtLeast(2),
-        dtypes: FLOATS,
-        infer: |x, attrs| {
-            if x.len() > 3 {
-                return Err("conv2d takes (input, weight[, bias])".into());
-            }
-            let c = conv_nd(x, attrs, 2, "conv2d")?;
-            Ok(vec![TensorType::new(x[0].dtype, c.out)])
-        },
-        lower: |b, x, attrs| {
-            let types: Vec<TensorType> = x.iter().map(|v| v.ty().clone()).collect();
-            Ok(vec![lower_conv_nd(b, x, &conv_nd(&types, attrs, 2, "conv2d")?)?])
-        },
-        reference: |x, attrs| {
-            let types: Vec<TensorType> = x.iter().map(HostTensor::ty).collect();
-            Ok(vec![conv_nd_ref(x, &conv_nd(&types, attrs, 2, "conv2d")?)?])
-        },
-        vjp: Some(|t, a| conv_nd_vjp(t, a, 2, "conv2d")),
-        tolerance: |d| Tolerance::for_dtype(d).scaled(20.0),
-        samples: || (0..12).map(|i| conv_nd_sample(&mut Gen::new(i), 2)).collect(),
-        arbitrary: |g: &mut Gen| conv_nd_sample(g, 2),
-        torch: Torch::Expr(r#"F.conv2d(*x, stride=a.get("stride", 1), padding=a.get("padding", 0), dilation=a.get("dilation", 1), groups=a.get("groups", 1))"#),
-    }
-}
+conv_nd_op!("conv1d", 1);
+conv_nd_op!("conv2d", 2);

@@ -19,7 +19,9 @@ use ndarray::Array2;
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -509,10 +511,12 @@ fn eigh_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 // ---- samples ----
 
 /// Dims of a small batch: none, or one or two dims of 1 or 2.
+#[cfg(feature = "conformance")]
 fn batch(g: &mut Gen) -> Vec<usize> {
     (0..g.below(3)).map(|_| 1 + g.below(2)).collect()
 }
 
+#[cfg(feature = "conformance")]
 fn float_tensor(dtype: DType, dims: Vec<usize>, values: Vec<f64>) -> HostTensor {
     HostTensor::from_f64(dtype, dims, values)
         .unwrap_or_else(|| unreachable!("value count matches the shape"))
@@ -520,6 +524,7 @@ fn float_tensor(dtype: DType, dims: Vec<usize>, values: Vec<f64>) -> HostTensor 
 
 /// Random `m × n` matrices (full rank with probability one). "complete"
 /// only where it has a gradient (`m <= n`); `tests.rs` checks tall ones.
+#[cfg(feature = "conformance")]
 fn qr_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let (m, n) = (1 + g.below(4), 1 + g.below(4));
@@ -536,6 +541,7 @@ fn qr_sample(g: &mut Gen) -> Sample {
 /// Symmetric matrices `Q diag(λ) Qᵀ` with eigenvalues at least 0.75
 /// apart, so the eigenvectors are well defined in every dtype; the upper
 /// triangle holds noise the op must not read.
+#[cfg(feature = "conformance")]
 fn eigh_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let n = 1 + g.below(4);
@@ -563,6 +569,7 @@ fn eigh_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![float_tensor(dtype, dims, values)], Attrs::new())
 }
 
+#[cfg(feature = "conformance")]
 fn geqrf_sample(g: &mut Gen) -> Sample {
     let mut s = qr_sample(g);
     s.attrs = Attrs::new();
@@ -571,6 +578,7 @@ fn geqrf_sample(g: &mut Gen) -> Sample {
 
 /// The packed reflectors and taus of a random tall matrix, sometimes with
 /// fewer taus than columns.
+#[cfg(feature = "conformance")]
 fn householder_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let n = 1 + g.below(3);

@@ -6,7 +6,9 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostData, HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list as hlo_dims};
 use tpu_core::{DType, Shape};
@@ -297,6 +299,7 @@ fn dot_general_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var
 
 /// Values in [-1, 1) (small integers for integer dtypes), to keep
 /// accumulated rounding small.
+#[cfg(feature = "conformance")]
 fn operand(g: &mut Gen, dtype: DType, shape: &Shape) -> HostTensor {
     if dtype.is_float() {
         g.tensor_in(dtype, shape, -1.0, 1.0)
@@ -305,6 +308,7 @@ fn operand(g: &mut Gen, dtype: DType, shape: &Shape) -> HostTensor {
     }
 }
 
+#[cfg(feature = "conformance")]
 fn dot_general_sample(g: &mut Gen) -> Sample {
     let dtype = if g.below(3) == 0 {
         g.pick(DOT_DTYPES)
@@ -373,6 +377,7 @@ fn dot_general_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![operand(g, dtype, &sa), operand(g, dtype, &sb)], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn dot_general_samples() -> Vec<Sample> {
     let mut g = Gen::new(0xd07);
     let mut out: Vec<Sample> = (0..10)
@@ -623,6 +628,7 @@ fn matmul_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     ])
 }
 
+#[cfg(feature = "conformance")]
 fn matmul_sample(g: &mut Gen) -> Sample {
     let dtype = if g.below(3) == 0 {
         g.pick(DOT_DTYPES)
@@ -663,6 +669,7 @@ fn matmul_sample(g: &mut Gen) -> Sample {
     )
 }
 
+#[cfg(feature = "conformance")]
 fn matmul_samples() -> Vec<Sample> {
     let mut g = Gen::new(0x3a7);
     let mut out: Vec<Sample> = (0..10).map(|i| matmul_sample(&mut Gen::new(i))).collect();

@@ -14,7 +14,9 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -219,6 +221,7 @@ fn solve_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 }
 
 /// Well-conditioned triangles: a diagonal of magnitude 2 to 3.
+#[cfg(feature = "conformance")]
 fn solve_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let n = 1 + g.below(4);
@@ -366,6 +369,7 @@ fn cholesky_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>
 
 /// Symmetric positive-definite matrices `B Bᵀ + n I`, and sometimes one
 /// that is not (a negative diagonal entry).
+#[cfg(feature = "conformance")]
 fn cholesky_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let n = 1 + g.below(4);

@@ -18,7 +18,9 @@ use ndarray::{Array2, ArrayD, IxDyn};
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -278,6 +280,7 @@ fn permutation_ref(pivots: &HostTensor, out: &TensorType) -> OpResult<HostTensor
 // ---- samples ----
 
 /// Random matrices, sometimes with an all-zero column (a zero pivot).
+#[cfg(feature = "conformance")]
 fn lu_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let (m, n) = (1 + g.below(4), 1 + g.below(4));
@@ -299,6 +302,7 @@ fn lu_sample(g: &mut Gen) -> Sample {
 }
 
 /// LAPACK-style pivots (`pivots[i] - 1 >= i`) for a few rows.
+#[cfg(feature = "conformance")]
 fn permutation_sample(g: &mut Gen) -> Sample {
     let rows = 1 + g.below(5);
     let k = 1 + g.below(rows);

@@ -6,7 +6,9 @@
 use ndarray::{ArrayD, IxDyn};
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array, int_range};
 use tpu_core::{DType, Shape};
@@ -240,6 +242,7 @@ fn max_pool_ref(x: &HostTensor, p: &Pool) -> OpResult<HostTensor> {
 /// Distinct values (a shuffled grid with spacing 1/16), exact in every
 /// float dtype for up to 256 elements and in f16 / f32 / f64 beyond, so
 /// max pooling has no ties and finite differences no kinks.
+#[cfg(feature = "conformance")]
 fn distinct(g: &mut Gen, dtype: DType, shape: &Shape) -> HostTensor {
     let n = shape.numel();
     let mut v: Vec<usize> = (0..n).collect();
@@ -260,6 +263,7 @@ fn distinct(g: &mut Gen, dtype: DType, shape: &Shape) -> HostTensor {
 }
 
 /// A random valid pooling call: `(input, attrs)`.
+#[cfg(feature = "conformance")]
 fn pool_sample(g: &mut Gen, dtype: DType, max: bool) -> (HostTensor, Attrs) {
     let kernel = [1 + g.below(3), 1 + g.below(3)];
     let stride = [1 + g.below(3), 1 + g.below(3)];
@@ -481,6 +485,7 @@ fn max_backward_ref(x: &HostTensor, g: &HostTensor, p: &Pool) -> OpResult<HostTe
     reshape_to(&HostTensor::float(x.dtype(), grad), &x.shape())
 }
 
+#[cfg(feature = "conformance")]
 fn max_backward_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let (x, attrs) = pool_sample(g, dtype, true);
@@ -608,6 +613,7 @@ fn avg_pool_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>
     Ok(vec![Some(t.reshape(gx, &xt.shape)?)])
 }
 
+#[cfg(feature = "conformance")]
 fn avg_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let (x, mut attrs) = pool_sample(g, dtype, false);

@@ -5,7 +5,9 @@
 use ndarray::{ArrayD, Dimension, IxDyn};
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::{Attrs, Gen, OpResult, Tape, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
+use tpu_core::op::{Attrs, OpResult, Tape, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list, i64_array, int_range};
 use tpu_core::{DType, Shape};
 
@@ -472,6 +474,7 @@ pub(crate) fn grad_as(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<V
 
 /// Indices of `shape` into a dimension of `size`, distinct along `dim`
 /// within each fiber (requires `shape[dim] <= size`).
+#[cfg(feature = "conformance")]
 pub(crate) fn unique_indices(g: &mut Gen, shape: &Shape, dim: usize, size: usize) -> HostTensor {
     let dtype = index_dtype(g);
     let dims = shape.dims();
@@ -495,6 +498,7 @@ pub(crate) fn unique_indices(g: &mut Gen, shape: &Shape, dim: usize, size: usize
 }
 
 /// A random index dtype, mostly i64.
+#[cfg(feature = "conformance")]
 pub(crate) fn index_dtype(g: &mut Gen) -> DType {
     if g.below(4) == 0 {
         DType::I32
@@ -504,6 +508,7 @@ pub(crate) fn index_dtype(g: &mut Gen) -> DType {
 }
 
 /// A random subset of the dims of `rank`, each maybe written negatively.
+#[cfg(feature = "conformance")]
 pub(crate) fn random_dims(g: &mut Gen, rank: usize) -> Vec<i64> {
     let r = rank as i64;
     let mut out = Vec::new();
@@ -516,6 +521,7 @@ pub(crate) fn random_dims(g: &mut Gen, rank: usize) -> Vec<i64> {
 }
 
 /// A random dim of `rank` (rank 0: 0 or -1), maybe written negatively.
+#[cfg(feature = "conformance")]
 pub(crate) fn random_dim(g: &mut Gen, rank: usize) -> i64 {
     let r = rank.max(1) as i64;
     let d = g.below(r as usize) as i64;
@@ -523,6 +529,7 @@ pub(crate) fn random_dim(g: &mut Gen, rank: usize) -> i64 {
 }
 
 /// In-range indices `lo..hi` of a random index dtype.
+#[cfg(feature = "conformance")]
 pub(crate) fn random_indices(g: &mut Gen, shape: &Shape, lo: i64, hi: i64) -> HostTensor {
     let dtype = index_dtype(g);
     g.indices(dtype, shape, lo, hi)

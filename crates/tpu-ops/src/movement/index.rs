@@ -3,7 +3,9 @@
 
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
@@ -91,6 +93,7 @@ fn gather_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, dim: usize) -> OpResul
     Ok(Some(t.call1("scatter_add", &[zeros, idx, g], attrs)?))
 }
 
+#[cfg(feature = "conformance")]
 fn gather_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let xs = g.shape(0, 4);
@@ -275,6 +278,7 @@ fn take_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, attrs: &Attrs) -> OpResu
     Ok(Some(t.reshape(gx, &xt.shape)?))
 }
 
+#[cfg(feature = "conformance")]
 fn take_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let xs = g.shape(0, 3);
@@ -382,6 +386,7 @@ fn select_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<(usi
     Ok((dim, Shape::new(dims)))
 }
 
+#[cfg(feature = "conformance")]
 fn index_select_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let xs = g.shape(0, 4);
@@ -461,6 +466,7 @@ fn embedding_plan(w: &TensorType, idx: &TensorType) -> OpResult<Shape> {
     Ok(Shape::new(dims))
 }
 
+#[cfg(feature = "conformance")]
 fn embedding_sample(g: &mut Gen) -> Sample {
     let dtype = if g.below(4) == 0 {
         g.pick(ALL)
@@ -529,6 +535,7 @@ fn one_hot_plan(idx: &TensorType, attrs: &Attrs) -> OpResult<(usize, Shape)> {
     Ok((c as usize, Shape::new(dims)))
 }
 
+#[cfg(feature = "conformance")]
 fn one_hot_sample(g: &mut Gen) -> Sample {
     let c = 1 + g.below(12);
     let is = g.shape(0, 3);

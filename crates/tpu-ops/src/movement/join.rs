@@ -2,7 +2,9 @@
 
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attr, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attr, Attrs, Flags, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -130,6 +132,7 @@ fn concat_vjp(
 }
 
 /// `n` shapes that join along `dim` of `shape`.
+#[cfg(feature = "conformance")]
 fn join_shapes(g: &mut Gen, shape: &Shape, dim: usize, n: usize) -> Vec<Shape> {
     (0..n)
         .map(|_| {
@@ -143,6 +146,7 @@ fn join_shapes(g: &mut Gen, shape: &Shape, dim: usize, n: usize) -> Vec<Shape> {
         .collect()
 }
 
+#[cfg(feature = "conformance")]
 fn concat_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape_nonempty(1, 3);
@@ -195,6 +199,7 @@ fn stack_plan(types: &[TensorType], attrs: &Attrs) -> OpResult<(usize, TensorTyp
     Ok((dim, TensorType::new(dtype, dims)))
 }
 
+#[cfg(feature = "conformance")]
 fn stack_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 3);
@@ -360,6 +365,7 @@ fn split_vjp(t: &mut dyn Tape, grads: &[Var], dim: usize) -> OpResult<Vec<Option
     Ok(vec![Some(g)])
 }
 
+#[cfg(feature = "conformance")]
 fn split_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(1, 3);
@@ -440,6 +446,7 @@ fn chunk_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
     Ok((dim, even_parts(size, part)?))
 }
 
+#[cfg(feature = "conformance")]
 fn chunk_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(1, 3);

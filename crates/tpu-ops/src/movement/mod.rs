@@ -13,6 +13,3 @@ mod strided;
 mod triangle;
 
 pub(crate) use triangle::triangle;
-
-#[cfg(test)]
-mod tests;

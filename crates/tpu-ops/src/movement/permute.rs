@@ -3,7 +3,9 @@
 use tpu_core::Shape;
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
@@ -54,6 +56,7 @@ fn permute_ref(x: &HostTensor, perm: &[usize]) -> HostTensor {
     })
 }
 
+#[cfg(feature = "conformance")]
 fn permute_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -115,6 +118,7 @@ fn swap_perm(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
     Ok(perm)
 }
 
+#[cfg(feature = "conformance")]
 fn transpose_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -162,6 +166,7 @@ fn unsqueezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     Ok(Shape::new(dims))
 }
 
+#[cfg(feature = "conformance")]
 fn unsqueeze_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -211,6 +216,7 @@ fn squeezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     Ok(Shape::new(out))
 }
 
+#[cfg(feature = "conformance")]
 fn squeeze_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -271,6 +277,7 @@ fn flip_ref(x: &HostTensor, dims: &[usize]) -> HostTensor {
     })
 }
 
+#[cfg(feature = "conformance")]
 fn flip_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -408,6 +415,7 @@ fn roll_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
     reshape_to(&rolled, &x.shape())
 }
 
+#[cfg(feature = "conformance")]
 fn roll_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);

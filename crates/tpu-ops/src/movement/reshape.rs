@@ -3,7 +3,9 @@
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::TensorType;
 
@@ -44,6 +46,7 @@ fn reshape_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     Ok(target)
 }
 
+#[cfg(feature = "conformance")]
 fn reshape_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);
@@ -112,6 +115,7 @@ fn broadcast_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
     Ok(Shape::new(out))
 }
 
+#[cfg(feature = "conformance")]
 fn broadcast_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let target = g.shape(0, 4);

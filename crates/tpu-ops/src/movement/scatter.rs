@@ -1,15 +1,20 @@
 //! Scattering ops: `scatter`, `scatter_add`, `scatter_reduce` and
 //! `index_add`.
 
+#[cfg(feature = "conformance")]
+use tpu_core::DType;
+use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{DType, Shape};
 
 use super::common::*;
+#[cfg(feature = "conformance")]
 use crate::support::*;
 
 fn three<T>(x: &[T]) -> OpResult<(&T, &T, &T)> {
@@ -141,6 +146,7 @@ fn scatter_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, combine: Combine) -> OpResult<
 
 /// A scatter sample: `unique` gives distinct indices along `dim` (so
 /// `scatter` is deterministic).
+#[cfg(feature = "conformance")]
 fn scatter_sample(g: &mut Gen, dtypes: &[DType], unique: bool) -> Sample {
     let dtype = g.pick(dtypes);
     let xs = g.shape(0, 3);
@@ -241,6 +247,7 @@ fn reduce_attr(attrs: &Attrs) -> OpResult<Combine> {
     Combine::from_reduce(attrs.str_or("reduce", "sum")?)
 }
 
+#[cfg(feature = "conformance")]
 fn reduce_sample(g: &mut Gen) -> Sample {
     let mut s = scatter_sample(g, ALL, false);
     s.attrs
@@ -311,6 +318,7 @@ fn index_add_plan(
     Ok(dim)
 }
 
+#[cfg(feature = "conformance")]
 fn index_add_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let xs = g.shape(0, 3);

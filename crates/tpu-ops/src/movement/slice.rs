@@ -3,7 +3,9 @@
 use tpu_core::Shape;
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
@@ -101,6 +103,7 @@ fn slice_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
     })
 }
 
+#[cfg(feature = "conformance")]
 fn slice_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(1, 4);
@@ -122,6 +125,7 @@ fn slice_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![g.tensor(dtype, &shape)], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn slice_samples() -> Vec<Sample> {
     let mut g = Gen::new(0x511c);
     let x = |g: &mut Gen, dims: &[usize]| g.tensor(tpu_core::DType::F32, &Shape::from(dims));
@@ -200,6 +204,7 @@ fn narrow_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
     })
 }
 
+#[cfg(feature = "conformance")]
 fn narrow_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(1, 4);
@@ -271,6 +276,7 @@ fn select_range(shape: &Shape, attrs: &Attrs) -> OpResult<(Range, Shape)> {
     Ok((range, Shape::new(dims)))
 }
 
+#[cfg(feature = "conformance")]
 fn select_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape_nonempty(1, 4);
@@ -368,6 +374,7 @@ fn pad_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
     }))
 }
 
+#[cfg(feature = "conformance")]
 fn pad_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 4);

@@ -6,7 +6,9 @@ use tpu_core::op_def;
 
 use ndarray::{ArrayD, Axis, IxDyn};
 use tpu_core::host::{HostData, HostTensor};
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -188,6 +190,7 @@ fn sort_plan(x: &TensorType, attrs: &Attrs) -> OpResult<(usize, usize, bool)> {
 /// Input values: floats are distinct within each fiber along `dim` (a
 /// shuffled grid of quarters, exact in bf16), so finite differences never
 /// straddle a tie; integers keep their ties (the sort is stable).
+#[cfg(feature = "conformance")]
 fn sort_input(g: &mut Gen, dtype: DType, shape: &Shape, dim: usize) -> HostTensor {
     if !dtype.is_float() {
         return g.tensor(dtype, shape);
@@ -212,6 +215,7 @@ fn sort_input(g: &mut Gen, dtype: DType, shape: &Shape, dim: usize) -> HostTenso
         .unwrap_or_else(|| unreachable!("value count matches the shape"))
 }
 
+#[cfg(feature = "conformance")]
 fn sort_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 3);
@@ -274,6 +278,7 @@ fn topk_plan(x: &TensorType, attrs: &Attrs) -> OpResult<(usize, usize, bool)> {
     Ok((dim, k as usize, largest))
 }
 
+#[cfg(feature = "conformance")]
 fn topk_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(0, 3);

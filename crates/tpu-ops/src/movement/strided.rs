@@ -7,7 +7,9 @@ use tpu_core::invalid;
 use tpu_core::op_def;
 
 use tpu_core::host::HostTensor;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
 
@@ -91,6 +93,7 @@ impl View {
     }
 
     /// How many flat elements the view needs: one past its last position.
+    #[cfg(feature = "conformance")]
     fn extent(&self) -> usize {
         if self.numel() == 0 {
             return 0;
@@ -396,6 +399,7 @@ fn view_grad(t: &mut dyn Tape, g: Var, x: Var, v: &View) -> OpResult<Var> {
 // ---- Samples. ----
 
 /// Row-major strides of `size` (empty dims count as 1, as in PyTorch).
+#[cfg(feature = "conformance")]
 fn contiguous_strides(size: &[usize]) -> Vec<usize> {
     let mut out = vec![1; size.len()];
     for d in (0..size.len().saturating_sub(1)).rev() {
@@ -405,6 +409,7 @@ fn contiguous_strides(size: &[usize]) -> Vec<usize> {
 }
 
 /// Shuffles the dims of a view (size and stride together).
+#[cfg(feature = "conformance")]
 fn shuffle(g: &mut Gen, size: &mut [usize], stride: &mut [usize]) {
     for i in (1..size.len()).rev() {
         let j = g.below(i + 1);
@@ -415,6 +420,7 @@ fn shuffle(g: &mut Gen, size: &mut [usize], stride: &mut [usize]) {
 
 /// A random view. `writable` keeps distinct elements at distinct positions
 /// (for `as_strided_scatter`); otherwise strides may repeat or overlap.
+#[cfg(feature = "conformance")]
 fn random_view(g: &mut Gen, writable: bool) -> View {
     let kinds = if writable { 3 } else { 4 };
     let (mut size, mut stride, mut offset) = (Vec::new(), Vec::new(), g.below(3));
@@ -469,6 +475,7 @@ fn random_view(g: &mut Gen, writable: bool) -> View {
 }
 
 /// A shape with `n` elements: flat, a scalar, or two factors.
+#[cfg(feature = "conformance")]
 fn storage_shape(g: &mut Gen, n: usize) -> Shape {
     if n == 1 && g.bool() {
         return Shape::scalar();
@@ -482,6 +489,7 @@ fn storage_shape(g: &mut Gen, n: usize) -> Shape {
 }
 
 /// The attributes of `v`, leaving a zero offset to its default at times.
+#[cfg(feature = "conformance")]
 fn sample_attrs(g: &mut Gen, v: &View) -> Attrs {
     let mut attrs = Attrs::new()
         .with("size", v.size.clone())
@@ -493,6 +501,7 @@ fn sample_attrs(g: &mut Gen, v: &View) -> Attrs {
 }
 
 /// A random view and a tensor with at least the elements it reaches.
+#[cfg(feature = "conformance")]
 fn view_sample(g: &mut Gen, writable: bool) -> (View, HostTensor) {
     let dtype = g.pick(ALL);
     let v = random_view(g, writable);
@@ -501,11 +510,13 @@ fn view_sample(g: &mut Gen, writable: bool) -> (View, HostTensor) {
     (v, g.tensor(dtype, &shape))
 }
 
+#[cfg(feature = "conformance")]
 fn as_strided_sample(g: &mut Gen) -> Sample {
     let (v, x) = view_sample(g, false);
     Sample::new(vec![x], sample_attrs(g, &v))
 }
 
+#[cfg(feature = "conformance")]
 fn as_strided_scatter_sample(g: &mut Gen) -> Sample {
     let (v, base) = view_sample(g, true);
     let src = g.tensor(base.dtype(), &v.shape());
@@ -513,6 +524,7 @@ fn as_strided_scatter_sample(g: &mut Gen) -> Sample {
 }
 
 /// A fixed case: input dims, size, stride, offset and dtype.
+#[cfg(feature = "conformance")]
 type Case = (
     &'static [usize],
     &'static [usize],
@@ -523,6 +535,7 @@ type Case = (
 
 /// Views both ops accept: contiguous, offset, transposed, stepped, select-
 /// like, padded blocks, irregular strides, empty, rank 0, and narrow dtypes.
+#[cfg(feature = "conformance")]
 const WRITABLE_CASES: &[Case] = &[
     (&[2, 3], &[3, 2], &[2, 1], 0, DType::F32),
     (&[10], &[2, 3], &[3, 1], 3, DType::F32),
@@ -543,6 +556,7 @@ const WRITABLE_CASES: &[Case] = &[
 
 /// Views only `as_strided` accepts: repeats (stride 0), overlapping
 /// windows, and an empty view whose offset lies past the end.
+#[cfg(feature = "conformance")]
 const READ_ONLY_CASES: &[Case] = &[
     (&[3], &[2, 3], &[0, 1], 0, DType::F32),
     (&[3, 4], &[3, 1, 4], &[1, 7, 0], 1, DType::Bool),
@@ -551,6 +565,7 @@ const READ_ONLY_CASES: &[Case] = &[
     (&[0], &[2, 0], &[5, 1], 7, DType::F32),
 ];
 
+#[cfg(feature = "conformance")]
 fn fixed(g: &mut Gen, case: &Case) -> (View, HostTensor) {
     let &(dims, size, stride, offset, dtype) = case;
     let v = View {
@@ -561,6 +576,7 @@ fn fixed(g: &mut Gen, case: &Case) -> (View, HostTensor) {
     (v, g.tensor(dtype, &Shape::from(dims)))
 }
 
+#[cfg(feature = "conformance")]
 fn as_strided_samples() -> Vec<Sample> {
     let mut g = Gen::new(0xa5);
     let mut out: Vec<Sample> = WRITABLE_CASES
@@ -575,6 +591,7 @@ fn as_strided_samples() -> Vec<Sample> {
     out
 }
 
+#[cfg(feature = "conformance")]
 fn as_strided_scatter_samples() -> Vec<Sample> {
     let mut g = Gen::new(0xa55c);
     let mut out: Vec<Sample> = WRITABLE_CASES
@@ -667,172 +684,22 @@ inventory::submit! {
 
 #[cfg(test)]
 mod tests {
-    use tpu_core::Runtime;
-    use tpu_core::op::{HostTape, OpDef, run_reference, single_op_program};
+    use tpu_core::op::HostTape;
 
     use super::*;
-    use crate::conformance::run_on_tpu;
-
-    fn def(op: &str) -> &'static OpDef {
-        crate::registry().expect("registry").get(op).expect("op")
-    }
-
-    fn view(size: &[usize], stride: &[usize], offset: usize) -> Attrs {
-        Attrs::new()
-            .with("size", size)
-            .with("stride", stride)
-            .with("offset", offset)
-    }
-
-    fn arange(dims: &[usize]) -> HostTensor {
-        let n = dims.iter().product::<usize>();
-        HostTensor::from_f64(
-            DType::F32,
-            dims.to_vec(),
-            (0..n).map(|v| v as f64).collect(),
-        )
-        .expect("values fill the shape")
-    }
-
-    /// The program text of `op` on inputs of `dims` (f32).
-    fn program(op: &str, dims: &[&[usize]], attrs: &Attrs) -> String {
-        let types: Vec<TensorType> = dims
-            .iter()
-            .map(|d| TensorType::new(DType::F32, Shape::from(*d)))
-            .collect();
-        single_op_program(def(op), &types, attrs).expect("lowers")
-    }
-
-    /// Runs `op` on the reference and the plugin; both must give `want`.
-    fn check(op: &str, inputs: &[HostTensor], attrs: &Attrs, dims: &[usize], want: &[f64]) {
-        let runtime = Runtime::global().expect("a PJRT plugin");
-        let host = run_reference(def(op), inputs, attrs).expect("reference");
-        let device = run_on_tpu(runtime, 0, def(op), inputs, attrs).expect("device");
-        for (name, out) in [("reference", &host[0]), ("device", &device[0])] {
-            assert_eq!(out.dims(), dims, "{op} {name}: shape");
-            let got: Vec<f64> = out.to_f64().iter().copied().collect();
-            assert_eq!(got, want, "{op} {name}: values");
-        }
-    }
-
-    #[test]
-    fn views_read_like_pytorch() {
-        let x = [arange(&[2, 3])];
-        let cases: [(Attrs, &[usize], &[f64]); 4] = [
-            (
-                view(&[3, 2], &[1, 3], 0),
-                &[3, 2],
-                &[0., 3., 1., 4., 2., 5.],
-            ),
-            (
-                view(&[2, 3], &[1, 1], 2),
-                &[2, 3],
-                &[2., 3., 4., 3., 4., 5.],
-            ),
-            (view(&[2, 2], &[0, 2], 1), &[2, 2], &[1., 3., 1., 3.]),
-            (view(&[], &[], 5), &[], &[5.]),
-        ];
-        for (attrs, dims, want) in &cases {
-            check("as_strided", &x, attrs, dims, want);
-        }
-    }
-
-    #[test]
-    fn scatters_write_like_pytorch() {
-        let base = arange(&[2, 3]);
-        let src = HostTensor::from_f64(DType::F32, vec![2, 2], vec![-1., -2., -3., -4.])
-            .expect("values fill the shape");
-        let t = view(&[2, 2], &[1, 3], 1);
-        check(
-            "as_strided_scatter",
-            &[base.clone(), src.clone()],
-            &t,
-            &[2, 3],
-            &[0., -1., -3., 3., -2., -4.],
-        );
-        let rows = view(&[2, 2], &[2, 1], 1);
-        check(
-            "as_strided_scatter",
-            &[base, src],
-            &rows,
-            &[2, 3],
-            &[0., -1., -2., -3., -4., 5.],
-        );
-    }
-
-    #[test]
-    fn block_views_lower_without_a_gather() {
-        let contiguous = program("as_strided", &[&[4, 5]], &view(&[3, 4], &[4, 1], 2));
-        assert!(contiguous.contains("stablehlo.slice"));
-        for op in ["gather", "transpose", "pad", "broadcast"] {
-            assert!(!contiguous.contains(op), "{op} in\n{contiguous}");
-        }
-        let permuted = program("as_strided", &[&[2, 3]], &view(&[3, 2], &[1, 3], 0));
-        assert!(permuted.contains("stablehlo.transpose"), "{permuted}");
-        let stepped = program("as_strided", &[&[3, 3]], &view(&[2, 2], &[3, 1], 4));
-        assert!(stepped.contains("stablehlo.pad"), "{stepped}");
-        let expand = program("as_strided", &[&[3]], &view(&[2, 3], &[0, 1], 0));
-        assert!(expand.contains("stablehlo.broadcast_in_dim"), "{expand}");
-        for text in [permuted, stepped, expand] {
-            assert!(!text.contains("gather"), "{text}");
-        }
-        let windows = program("as_strided", &[&[5]], &view(&[3, 3], &[1, 1], 0));
-        assert!(windows.contains("stablehlo.gather"), "{windows}");
-    }
-
-    #[test]
-    fn contiguous_scatters_are_an_update_slice() {
-        let attrs = view(&[2, 2], &[2, 1], 3);
-        let text = program("as_strided_scatter", &[&[3, 3], &[2, 2]], &attrs);
-        assert!(text.contains("stablehlo.dynamic_update_slice"), "{text}");
-        let attrs = view(&[2, 2], &[1, 2], 0);
-        let text = program("as_strided_scatter", &[&[2, 2], &[2, 2]], &attrs);
-        assert!(text.contains("stablehlo.scatter"), "{text}");
-    }
-
-    #[test]
-    fn bad_views_are_rejected_with_their_numbers() {
-        let x = [TensorType::new(DType::F32, [2, 3])];
-        let infer = |attrs: &Attrs| (def("as_strided").infer)(&x, attrs).unwrap_err().message;
-        assert!(infer(&view(&[2], &[1, 1], 0)).contains("same length"));
-        let e = infer(
-            &Attrs::new()
-                .with("size", vec![-2i64])
-                .with("stride", vec![1i64]),
-        );
-        assert!(e.contains("-2"), "{e}");
-        let e = infer(&view(&[2, 3], &[3, 1], 1));
-        assert!(
-            e.contains("reaches element 6") && e.contains("only 6"),
-            "{e}"
-        );
-        let e = infer(
-            &Attrs::new()
-                .with("size", vec![1i64])
-                .with("stride", vec![1i64])
-                .with("offset", -1i64),
-        );
-        assert!(e.contains("-1"), "{e}");
-        let overflow = view(&[4], &[usize::MAX / 2], 0);
-        assert!(infer(&overflow).contains("overflows"));
-
-        let scatter = |src: &[usize], attrs: &Attrs| {
-            let types = [x[0].clone(), TensorType::new(DType::F32, Shape::from(src))];
-            (def("as_strided_scatter").infer)(&types, attrs)
-                .unwrap_err()
-                .message
-        };
-        assert!(scatter(&[2, 3], &view(&[2, 3], &[0, 1], 0)).contains("stride 0"));
-        assert!(scatter(&[3], &view(&[2], &[1], 0)).contains("src shape"));
-    }
 
     #[test]
     fn overlapping_reads_accumulate_their_gradient() {
         let mut tape = HostTape::new();
-        let x = tape.push(arange(&[5]));
+        let values = (0..5).map(f64::from).collect();
+        let x = tape.push(HostTensor::from_f64(DType::F32, vec![5], values).expect("fills"));
         let g =
             tape.push(HostTensor::from_f64(DType::F32, vec![3, 3], vec![1.0; 9]).expect("fills"));
-        let v = View::parse(5, &view(&[3, 3], &[1, 1], 0)).expect("in bounds");
+        let windows = Attrs::new()
+            .with("size", &[3usize, 3][..])
+            .with("stride", &[1usize, 1][..])
+            .with("offset", 0usize);
+        let v = View::parse(5, &windows).expect("in bounds");
         let gx = view_grad(&mut tape, g, x, &v).expect("backward");
         let got: Vec<f64> = tape.value(gx).unwrap().to_f64().iter().copied().collect();
         assert_eq!(got, [1., 2., 3., 2., 1.]);

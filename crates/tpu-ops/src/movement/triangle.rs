@@ -3,7 +3,9 @@
 use tpu_core::DType;
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
 use super::common::*;
@@ -59,6 +61,7 @@ fn reference(x: &HostTensor, attrs: &Attrs, upper: bool) -> OpResult<HostTensor>
     }))
 }
 
+#[cfg(feature = "conformance")]
 fn sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(ALL);
     let shape = g.shape(2, 4);

@@ -9,7 +9,9 @@
 
 use tpu_core::host::{HostData, HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, dim_list};
 use tpu_core::{DType, Shape};
@@ -308,6 +310,7 @@ fn attn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     Ok(grads)
 }
 
+#[cfg(feature = "conformance")]
 fn attn_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let small = |g: &mut Gen| [1, 2, 3, 4, 5, 7, 8][g.below(7)];
@@ -366,6 +369,7 @@ fn attn_sample(g: &mut Gen) -> Sample {
     Sample::new(inputs, attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn attn_samples() -> Vec<Sample> {
     let mut s: Vec<Sample> = (0..14)
         .map(|i| attn_sample(&mut Gen::new(1300 + i)))

@@ -7,12 +7,16 @@
 //! running statistics unchanged. Evaluation normalises with the running
 //! statistics and returns them unchanged. f16 and bf16 compute in f32.
 
+#[cfg(feature = "conformance")]
+use tpu_core::DType;
+use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{DType, Shape};
 
 use crate::reduce::kit::*;
 use crate::support::*;
@@ -263,6 +267,7 @@ fn bn_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     }
 }
 
+#[cfg(feature = "conformance")]
 fn bn_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let mut shape = g.shape(2, 4).dims().to_vec();
@@ -296,6 +301,7 @@ fn bn_sample(g: &mut Gen) -> Sample {
     Sample::new(vec![x, w, bias, rm, rv], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn bn_samples() -> Vec<Sample> {
     let mut s: Vec<Sample> = (0..14)
         .map(|i| bn_sample(&mut Gen::new(1400 + i)))

@@ -9,7 +9,9 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -250,6 +252,7 @@ fn loss_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, softmax: bool) -> OpResult<Vec<Op
     Ok(vec![Some(grad), None])
 }
 
+#[cfg(feature = "conformance")]
 fn loss_sample(g: &mut Gen, softmax: bool) -> Sample {
     let dtype = g.pick(FLOATS);
     let rank = 1 + g.below(4);
@@ -311,6 +314,7 @@ fn loss_sample(g: &mut Gen, softmax: bool) -> Sample {
     Sample::new(vec![x, target], attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn loss_samples(softmax: bool, seed: u64) -> Vec<Sample> {
     let mut s: Vec<Sample> = (0..14)
         .map(|i| loss_sample(&mut Gen::new(seed + i), softmax))

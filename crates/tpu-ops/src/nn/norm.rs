@@ -4,12 +4,16 @@
 //! weight and bias have exactly those trailing dims and `x`'s dtype.
 //! f16 and bf16 compute in f32.
 
+#[cfg(feature = "conformance")]
+use tpu_core::DType;
+use tpu_core::Shape;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{DType, Shape};
 
 use crate::reduce::kit::*;
 use crate::support::*;
@@ -205,6 +209,7 @@ fn norm_vjp(kind: Kind, t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Optio
     Ok(grads)
 }
 
+#[cfg(feature = "conformance")]
 fn norm_sample(kind: Kind, g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let shape = g.shape(1, 4);
@@ -227,6 +232,7 @@ fn norm_sample(kind: Kind, g: &mut Gen) -> Sample {
     Sample::new(inputs, attrs)
 }
 
+#[cfg(feature = "conformance")]
 fn norm_samples(kind: Kind) -> Vec<Sample> {
     let mut s: Vec<Sample> = (0..12)
         .map(|i| norm_sample(kind, &mut Gen::new(1000 + i)))

@@ -6,7 +6,9 @@
 use ndarray::Zip;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -73,6 +75,7 @@ fn threshold(p: f64) -> u32 {
     (p * 16_777_216.0).ceil().clamp(0.0, 16_777_216.0) as u32
 }
 
+#[cfg(feature = "conformance")]
 fn random_key(g: &mut Gen) -> HostTensor {
     let words = vec![g.u64() as u32 as i64, g.u64() as u32 as i64];
     HostTensor::from_i64(DType::U32, [2], words)
@@ -134,6 +137,7 @@ fn uniform_ref(key: &HostTensor, a: &UniformArgs) -> OpResult<HostTensor> {
     tensor_f64(a.dtype, a.shape.dims(), values)
 }
 
+#[cfg(feature = "conformance")]
 fn uniform_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(0, 4);
     let mut attrs = Attrs::new().with("shape", shape.dims());
@@ -232,6 +236,7 @@ fn normal_ref(key: &HostTensor, a: &NormalArgs) -> OpResult<HostTensor> {
     tensor_f64(a.dtype, a.shape.dims(), values)
 }
 
+#[cfg(feature = "conformance")]
 fn normal_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(0, 4);
     let mut attrs = Attrs::new().with("shape", shape.dims());
@@ -284,6 +289,7 @@ fn host_mask(key: &HostTensor, n: usize, p: f64) -> OpResult<Vec<bool>> {
         .collect())
 }
 
+#[cfg(feature = "conformance")]
 fn bernoulli_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(0, 4);
     let p = g.pick(&[0.0, 0.1, 0.5, 0.9, 1.0, 0.333]);
@@ -359,6 +365,7 @@ fn dropout_ref(x: &HostTensor, key: &HostTensor, p: f64) -> OpResult<HostTensor>
     Ok(HostTensor::float(x.dtype(), values))
 }
 
+#[cfg(feature = "conformance")]
 fn dropout_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(FLOATS);
     let shape = g.shape(0, 4);

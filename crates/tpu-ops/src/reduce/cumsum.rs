@@ -4,7 +4,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Gen, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
+use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var, VjpArgs};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 

@@ -7,7 +7,9 @@ use tpu_core::DType;
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array};
 
 use super::kit::*;
@@ -64,16 +66,11 @@ fn extreme_ref(x: &HostTensor, attrs: &Attrs, largest: bool) -> OpResult<HostTen
 
 /// The gradient goes to the extreme values, split evenly between ties.
 fn extreme_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let xv = a.inputs[0];
-    let x = t.ty(xv)?;
-    if !x.dtype.is_float() {
+    let Some(Unreduced { x, ty, dims, y, g }) = unreduced(t, a)? else {
         return Ok(vec![None]);
-    }
-    let (dims, _) = reduce_args(&x.shape, a.attrs)?;
-    let y = unreduce(t, a.outputs[0], &x.shape, &dims)?;
-    let g = unreduce(t, a.grads[0], &x.shape, &dims)?;
-    let hit = call2(t, "eq", xv, y)?;
-    let hit = t.cast(hit, x.dtype)?;
+    };
+    let hit = call2(t, "eq", x, y)?;
+    let hit = t.cast(hit, ty.dtype)?;
     let ties = reduce_call(t, "sum", hit, &dims, true)?;
     let gh = t.mul(g, hit)?;
     Ok(vec![Some(t.div(gh, ties)?)])
@@ -245,6 +242,7 @@ fn arg_ref(x: &HostTensor, attrs: &Attrs, largest: bool) -> OpResult<HostTensor>
     int_result(DType::I64, &kept, values, &out)
 }
 
+#[cfg(feature = "conformance")]
 fn arg_sample(g: &mut Gen) -> Sample {
     let dtype = g.pick(NUMERIC);
     let shape = g.shape_nonempty(0, 4);

@@ -4,13 +4,17 @@
 use ndarray::{ArrayD, Axis, IxDyn};
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Attrs, Gen, OpResult, Sample, Tape, Var};
+use tpu_core::op::{Attrs, OpResult, Tape, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, int_range};
 use tpu_core::{DType, Shape};
 
 use crate::support::*;
 
-pub(crate) use super::sum::{accumulator, reduce_args, reduce_sample};
+#[cfg(feature = "conformance")]
+pub(crate) use super::sum::reduce_sample;
+pub(crate) use super::sum::{accumulator, reduce_args};
 
 /// The first input type of an op.
 pub(crate) fn first(inputs: &[TensorType]) -> OpResult<&TensorType> {
@@ -175,6 +179,25 @@ pub(crate) fn float_result(
     reshape_to(&tensor_f64(dtype, kept_shape, values)?, out)
 }
 
+/// The reference of a float reduction: `f` of each group of reduced
+/// values (in f64), as a `dtype` tensor of the reduced shape.
+pub(crate) fn reduce_f64(
+    x: &HostTensor,
+    attrs: &Attrs,
+    dtype: DType,
+    f: impl Fn(&[f64]) -> f64,
+) -> OpResult<HostTensor> {
+    let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
+    let (kept, gs) = groups(&x.to_f64(), &dims);
+    let values = gs.iter().map(|g| f(g)).collect();
+    float_result(
+        dtype,
+        &kept,
+        values,
+        &reduced_shape(&x.shape(), &dims, keepdim),
+    )
+}
+
 /// An integer tensor of the reduced shape from one value per group.
 pub(crate) fn int_result(
     dtype: DType,
@@ -266,6 +289,31 @@ pub(crate) fn unreduce(t: &mut dyn Tape, g: Var, shape: &Shape, dims: &[usize]) 
     t.broadcast_to(g, shape)
 }
 
+/// What the backward rule of a reduction of a float input starts from:
+/// the input, its type, the reduced dims, and the output and its gradient
+/// broadcast back to the input's shape.
+pub(crate) struct Unreduced {
+    pub x: Var,
+    pub ty: TensorType,
+    pub dims: Vec<usize>,
+    pub y: Var,
+    pub g: Var,
+}
+
+/// [`Unreduced`] of a reduction's call, or `None` for a non-float input
+/// (which has no gradient).
+pub(crate) fn unreduced(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Option<Unreduced>> {
+    let x = a.inputs[0];
+    let ty = t.ty(x)?;
+    if !ty.dtype.is_float() {
+        return Ok(None);
+    }
+    let (dims, _) = reduce_args(&ty.shape, a.attrs)?;
+    let y = unreduce(t, a.outputs[0], &ty.shape, &dims)?;
+    let g = unreduce(t, a.grads[0], &ty.shape, &dims)?;
+    Ok(Some(Unreduced { x, ty, dims, y, g }))
+}
+
 /// Calls a reduction op `op` over `dims`.
 pub(crate) fn reduce_call(
     t: &mut dyn Tape,
@@ -290,6 +338,7 @@ pub(crate) fn select(t: &mut dyn Tape, cond: Var, a: Var, b: Var) -> OpResult<Va
 // ---- Samples. ----
 
 /// A reduction sample whose reduced dims are all non-empty.
+#[cfg(feature = "conformance")]
 pub(crate) fn reduce_sample_nonempty(g: &mut Gen, dtypes: &[DType]) -> Sample {
     let mut s = reduce_sample(g, dtypes);
     let x = &s.inputs[0];
@@ -304,6 +353,7 @@ pub(crate) fn reduce_sample_nonempty(g: &mut Gen, dtypes: &[DType]) -> Sample {
 }
 
 /// A sample of a one-dim op (`dim` attribute), rank 0 to 4.
+#[cfg(feature = "conformance")]
 pub(crate) fn dim_sample(g: &mut Gen, dtypes: &[DType], lo: f64, hi: f64) -> Sample {
     let dtype = g.pick(dtypes);
     let shape = g.shape(0, 4);

@@ -3,7 +3,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::Gen;
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -46,6 +48,7 @@ fn logic_ref(x: &HostTensor, attrs: &Attrs, any: bool) -> OpResult<HostTensor> {
 }
 
 /// Samples with many zeros, so both answers occur.
+#[cfg(feature = "conformance")]
 fn logic_sample(g: &mut Gen) -> tpu_core::op::Sample {
     let mut s = reduce_sample(g, ALL);
     let x = &s.inputs[0];

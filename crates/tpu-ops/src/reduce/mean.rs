@@ -4,7 +4,9 @@
 
 use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance};
-use tpu_core::op::{Arity, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
@@ -32,18 +34,9 @@ fn lower_mean(b: &mut Builder, x: &Value, attrs: &tpu_core::op::Attrs) -> OpResu
 }
 
 fn mean_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor> {
-    let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
-    let (kept, gs) = groups(&x.to_f64(), &dims);
-    let values = gs
-        .iter()
-        .map(|g| g.iter().sum::<f64>() / g.len() as f64)
-        .collect();
-    float_result(
-        x.dtype(),
-        &kept,
-        values,
-        &reduced_shape(&x.shape(), &dims, keepdim),
-    )
+    reduce_f64(x, attrs, x.dtype(), |g| {
+        g.iter().sum::<f64>() / g.len() as f64
+    })
 }
 
 fn mean_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
@@ -137,6 +130,7 @@ fn prod_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
 
 /// Values whose products stay in range: magnitudes in [0.55, 1.55) with
 /// random signs, small integers, sometimes an exact zero.
+#[cfg(feature = "conformance")]
 fn prod_sample(g: &mut Gen, dtypes: &[DType]) -> Sample {
     let mut s = reduce_sample(g, dtypes);
     let x = &s.inputs[0];

@@ -4,7 +4,9 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::kit::*;
@@ -72,22 +74,11 @@ pub(crate) fn var_of(g: &[f64], c: f64) -> f64 {
 }
 
 fn moment_ref(x: &HostTensor, attrs: &Attrs, sqrt: bool) -> OpResult<HostTensor> {
-    let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
     let c = correction(attrs)?;
-    let (kept, gs) = groups(&x.to_f64(), &dims);
-    let values = gs
-        .iter()
-        .map(|g| {
-            let v = var_of(g, c);
-            if sqrt { v.sqrt() } else { v }
-        })
-        .collect();
-    float_result(
-        x.dtype(),
-        &kept,
-        values,
-        &reduced_shape(&x.shape(), &dims, keepdim),
-    )
+    reduce_f64(x, attrs, x.dtype(), |g| {
+        let v = var_of(g, c);
+        if sqrt { v.sqrt() } else { v }
+    })
 }
 
 /// d var / dx = 2 (x - mean) / divisor; d std = d var / (2 std), 0 where
@@ -117,6 +108,7 @@ fn moment_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, sqrt: bool) -> OpResult<Vec<Opt
     Ok(vec![Some(grad)])
 }
 
+#[cfg(feature = "conformance")]
 fn moment_sample(g: &mut Gen) -> Sample {
     let mut s = reduce_sample(g, FLOATS);
     match g.below(4) {

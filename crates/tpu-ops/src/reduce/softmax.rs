@@ -3,7 +3,9 @@
 //! maximum first; f16 and bf16 compute in f32.
 
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 
@@ -33,27 +35,14 @@ fn lower_logsumexp(b: &mut Builder, x: &Value, attrs: &Attrs) -> OpResult<Value>
 }
 
 fn logsumexp_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
-    let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
-    let (kept, gs) = groups(&x.to_f64(), &dims);
-    let values = gs.iter().map(|g| logsumexp_of(g)).collect();
-    float_result(
-        to_float(x.dtype()),
-        &kept,
-        values,
-        &reduced_shape(&x.shape(), &dims, keepdim),
-    )
+    reduce_f64(x, attrs, to_float(x.dtype()), logsumexp_of)
 }
 
 fn logsumexp_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
-    let xv = a.inputs[0];
-    let x = t.ty(xv)?;
-    if !x.dtype.is_float() {
+    let Some(Unreduced { x, y, g, .. }) = unreduced(t, a)? else {
         return Ok(vec![None]);
-    }
-    let (dims, _) = reduce_args(&x.shape, a.attrs)?;
-    let y = unreduce(t, a.outputs[0], &x.shape, &dims)?;
-    let g = unreduce(t, a.grads[0], &x.shape, &dims)?;
-    let z = t.sub(xv, y)?;
+    };
+    let z = t.sub(x, y)?;
     let p = t.unary("exp", z)?;
     Ok(vec![Some(t.mul(g, p)?)])
 }
@@ -140,6 +129,7 @@ fn softmax_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, log: bool) -> OpResult<Vec<Opt
     Ok(vec![Some(grad)])
 }
 
+#[cfg(feature = "conformance")]
 fn softmax_samples() -> Vec<Sample> {
     let mut s: Vec<Sample> = (0..10)
         .map(|i| dim_sample(&mut Gen::new(800 + i), FLOATS, -3.0, 3.0))

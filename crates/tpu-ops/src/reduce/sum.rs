@@ -3,7 +3,9 @@
 
 use ndarray::Axis;
 use tpu_core::host::{HostTensor, Tolerance};
-use tpu_core::op::{Arity, Attrs, Flags, Gen, OpResult, Sample, Torch};
+use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
+#[cfg(feature = "conformance")]
+use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{DType, Shape};
@@ -66,6 +68,7 @@ fn sum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 
 /// A reduction sample: random dims (sometimes none given, meaning all),
 /// random `keepdim`.
+#[cfg(feature = "conformance")]
 pub(crate) fn reduce_sample(g: &mut Gen, dtypes: &[DType]) -> Sample {
     let dtype = g.pick(dtypes);
     let shape = g.shape(0, 4);

@@ -3,10 +3,12 @@
 
 pub mod dtypes;
 pub mod reference;
+#[cfg(feature = "conformance")]
 pub mod samples;
 pub mod shapes;
 
 pub use dtypes::*;
 pub use reference::*;
+#[cfg(feature = "conformance")]
 pub use samples::*;
 pub use shapes::*;

@@ -1,11 +1,16 @@
 //! Hand-checked PyTorch results for the movement ops, on the reference and
-//! on the PJRT plugin.
+//! on the PJRT plugin (through the Strict policy).
 
+use tpu_core::DType;
 use tpu_core::host::HostTensor;
 use tpu_core::op::{Attrs, run_reference};
-use tpu_core::{DType, Runtime};
+use tpu_ops::conformance::run_on_tpu;
 
-use crate::conformance::run_on_tpu;
+/// The op registry, with the policies that run ops on the device linked.
+fn registry() -> tpu_core::Result<&'static tpu_core::op::Registry> {
+    tpu_eager::link();
+    tpu_ops::registry()
+}
 
 /// Every op of this family, as registered.
 const NAMES: &[&str] = &[
@@ -40,7 +45,7 @@ const NAMES: &[&str] = &[
 
 #[test]
 fn every_movement_op_is_registered() {
-    let registry = crate::registry().expect("registry");
+    let registry = registry().expect("registry");
     for name in NAMES {
         assert!(registry.get(name).is_ok(), "`{name}` is not registered");
     }
@@ -57,10 +62,9 @@ fn i(shape: &[usize], v: &[i64]) -> HostTensor {
 /// Runs `op` on the reference and the plugin; both must give `expected`
 /// (compared as f64 values with shapes).
 fn check(op: &str, inputs: Vec<HostTensor>, attrs: Attrs, expected: &[(&[usize], &[f64])]) {
-    let def = crate::registry().expect("registry").get(op).expect("op");
-    let runtime = Runtime::global().expect("a PJRT plugin");
+    let def = registry().expect("registry").get(op).expect("op");
     let reference = run_reference(def, &inputs, &attrs).expect("reference");
-    let device = run_on_tpu(runtime, 0, def, &inputs, &attrs).expect("device");
+    let device = run_on_tpu(0, def, &inputs, &attrs).expect("device");
     for (name, outs) in [("reference", reference), ("device", device)] {
         assert_eq!(outs.len(), expected.len(), "{op} {name}: output count");
         for (k, (o, (shape, values))) in outs.iter().zip(expected).enumerate() {
@@ -298,17 +302,12 @@ fn sorts_are_stable_and_topk_picks_extremes() {
         &[(&[1], &[1.0]), (&[1], &[0.0])],
     );
     let nan = f(&[3], &[1.0, f64::NAN, 0.0]);
-    let def = crate::registry()
-        .expect("registry")
-        .get("sort")
-        .expect("op");
-    let runtime = Runtime::global().expect("a PJRT plugin");
+    let def = registry().expect("registry").get("sort").expect("op");
     for desc in [false, true] {
         let attrs = Attrs::new().with("descending", desc);
         let want = if desc { vec![1, 0, 2] } else { vec![2, 0, 1] };
         let host = run_reference(def, std::slice::from_ref(&nan), &attrs).expect("reference");
-        let device =
-            run_on_tpu(runtime, 0, def, std::slice::from_ref(&nan), &attrs).expect("device");
+        let device = run_on_tpu(0, def, std::slice::from_ref(&nan), &attrs).expect("device");
         for out in [host, device] {
             let idx: Vec<i64> = out[1].to_i64().iter().copied().collect();
             assert_eq!(idx, want, "NaN counts as the largest value");
