@@ -211,31 +211,25 @@ impl Tensor {
     /// `self` with `src` written at `index` along `dim`.
     #[track_caller]
     pub fn scatter(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        Tensor::apply1(
-            "scatter",
-            &[self, index, src],
-            Attrs::new().with("dim", dim),
-        )
+        self.write_at("scatter", dim, index, src)
     }
 
     /// `self` with `src` added at `index` along `dim`.
     #[track_caller]
     pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        Tensor::apply1(
-            "scatter_add",
-            &[self, index, src],
-            Attrs::new().with("dim", dim),
-        )
+        self.write_at("scatter_add", dim, index, src)
     }
 
     /// `self` with slices of `src` added at the entries of `index` along `dim`.
     #[track_caller]
     pub fn index_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        Tensor::apply1(
-            "index_add",
-            &[self, index, src],
-            Attrs::new().with("dim", dim),
-        )
+        self.write_at("index_add", dim, index, src)
+    }
+
+    /// `op(self, index, src; dim)`: the scatter family.
+    #[track_caller]
+    fn write_at(&self, op: &str, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        Tensor::apply1(op, &[self, index, src], Attrs::new().with("dim", dim))
     }
 
     /// `self` with elements zeroed with probability `p` (the rest scaled by
