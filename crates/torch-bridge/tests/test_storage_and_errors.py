@@ -79,6 +79,43 @@ def test_op_errors_are_the_exception_class_the_cpu_raises(mode, case):
     assert_close(x.to("tpu").sum(1), x.sum(1))  # the device still computes
 
 
+REJECTED = {
+    "mm of two dtypes": lambda x: torch.mm(x, x.t().int()),
+    "layer_norm over another shape": lambda x: F.layer_norm(x, (4,)),
+    "arange against its step": lambda x: torch.arange(0, 5, -1, device=x.device),
+    "arange with step 0": lambda x: torch.arange(0, 5, 0, device=x.device),
+    "a negative size": lambda x: torch.full((2, -3), 1.0, device=x.device),
+    "empty with a negative size": lambda x: torch.empty(-1, device=x.device),
+    "a float result into an int tensor": lambda x: x.int().div_(2),
+    "a float result into out=": lambda x: torch.mul(x, x, out=torch.empty(2, 3, dtype=torch.int64, device=x.device)),
+    "a negative integer power": lambda x: x.long() ** -1,
+    "nll_loss weights of another class count": lambda x: F.nll_loss(x, torch.tensor([0, 1], device=x.device), weight=torch.ones(5, device=x.device)),
+}
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_calls_the_cpu_rejects_are_rejected_with_its_exception_class(mode, case):
+    """Never a silent result: what PyTorch CPU refuses, tpu refuses with an
+    instance of the same class (and the tensor is left as it was)."""
+    x = torch.randn(2, 3)
+    with pytest.raises(Exception) as on_cpu:
+        REJECTED[case](x.clone())
+    on_tpu = x.to("tpu")
+    with pytest.raises(type(on_cpu.value)):
+        REJECTED[case](on_tpu)
+    assert_close(on_tpu, x)
+
+
+def test_float_index_tensors_are_an_index_error(mode):
+    x = torch.randn(2, 3)
+    with pytest.raises(IndexError, match="must be long, int, byte or bool"):
+        x[torch.tensor([0.5])]
+    with pytest.raises(IndexError, match="must be long, int, byte or bool"):
+        x.to("tpu")[torch.tensor([0.5]).to("tpu")]
+    with pytest.raises(IndexError, match="must be long, int, byte or bool"):
+        x.to("tpu")[torch.tensor([1.0])] = 0.0
+
+
 def test_debug_raises_index_error_for_out_of_range_indices():
     x = torch.randn(4, 3).to("tpu")
     with torch.tpu.set_eager_mode("debug"):

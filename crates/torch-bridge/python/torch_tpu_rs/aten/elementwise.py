@@ -128,6 +128,8 @@ def _pow_by_value(x, exponent):
 @kernel("pow.Tensor_Scalar")
 def pow_tensor_scalar(self, exponent):
     dtype = torch.result_type(self, exponent)
+    if isinstance(exponent, int) and exponent < 0 and not dtype.is_floating_point and dtype != torch.bool:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
         x = self if self.dtype == dtype else run("cast", [self], {"dtype": dtype})
         special = _pow_by_value(x, exponent)

@@ -269,6 +269,10 @@ def constant_pad_nd(self, pad, value=0):
 
 @raw("arange.start_out")
 def arange_out(start, end, step=1, *, out):
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
     if all(isinstance(v, int) for v in (start, end, step)):
         # Integers stay integers: past 2**53 a float would lose them.
         n = max(0, -((start - end) // step))
@@ -363,6 +367,8 @@ def _linear_index(self, indices, op):
     for d, idx in enumerate(indices):
         if idx is None:
             continue
+        if idx.is_floating_point() or idx.is_complex():
+            raise IndexError(f"{op}: tensors used as indices must be long, int, byte or bool tensors, got {idx.dtype}")
         # PyTorch takes CPU index tensors for any device's tensor.
         idx = idx.to(self.device)
         if idx.dtype == torch.bool:

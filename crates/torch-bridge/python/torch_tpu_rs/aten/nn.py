@@ -16,6 +16,8 @@ from .registry import kernel
 
 @kernel("mm", "bmm")
 def mm(self, other):
+    if self.dtype != other.dtype:
+        raise RuntimeError(f"expected both operands to have the same dtype, but got: {self.dtype} != {other.dtype}")
     return run("matmul", [self, other], None, torch.result_type(self, other))
 
 
@@ -213,6 +215,11 @@ def _norm_stats(x, dims, eps):
 @kernel("native_layer_norm")
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
     k = len(normalized_shape)
+    if k > input.ndim or list(input.shape[input.ndim - k:]) != list(normalized_shape):
+        raise RuntimeError(
+            f"Given normalized_shape={list(normalized_shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, normalized_shape))}], but got input of size{list(input.shape)}"
+        )
     inputs, attrs = _layer_norm_args(input, weight, bias, k, eps)
     out = run("layer_norm", inputs, attrs)
     dims = list(range(input.ndim - k, input.ndim))
@@ -564,6 +571,12 @@ def nll_loss_forward(self, target, weight, reduction, ignore_index):
         counted = run("ne", [target, ignore_index], None, target.dtype)
         total = run("sum", [run("cast", [counted], {"dtype": self.dtype})], {"dims": list(range(target.ndim)), "keepdim": False})
         return out, total
+    classes = self.shape[1] if self.ndim > 1 else self.shape[0]
+    if weight.numel() != classes:
+        raise RuntimeError(
+            f"weight tensor should be defined either for all {classes} classes or no classes "
+            f"but got weight tensor of shape: {list(weight.shape)}"
+        )
     dim, safe, w = _class_weights(self, target, weight, ignore_index)
     losses = -self.gather(dim, safe.unsqueeze(dim)).squeeze(dim) * w
     total = w.sum()

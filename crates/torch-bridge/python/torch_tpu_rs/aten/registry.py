@@ -70,7 +70,24 @@ def _derived(functional):
     return found
 
 
+#: PyTorch's names of dtypes in its error messages.
+_TYPE_NAMES = {
+    torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+    torch.uint8: "Byte", torch.bool: "Bool",
+}
+
+
+def _check_cast(result, dst):
+    """PyTorch's rule for in-place and out= results: a float result does
+    not go into an integer tensor, nor a number into a bool one."""
+    if isinstance(result, torch.Tensor) and not torch.can_cast(result.dtype, dst.dtype):
+        name = lambda d: _TYPE_NAMES.get(d, str(d))
+        raise RuntimeError(f"result type {name(result.dtype)} can't be cast to the desired output type {name(dst.dtype)}")
+
+
 def _store(dst, value):
+    _check_cast(value, dst)
     if dst.shape != value.shape:
         # out= tensors may come with the wrong shape: PyTorch resizes them.
         dst.resize_(value.shape)
@@ -80,7 +97,9 @@ def _store(dst, value):
 
 def _inplace(fn):
     def kernel(self, *args, **kwargs):
-        _C.copy_into(self, fn(self, *args, **kwargs))
+        result = fn(self, *args, **kwargs)
+        _check_cast(result, self)
+        _C.copy_into(self, result)
         return self
 
     return kernel

@@ -40,14 +40,22 @@ def _index(device):
     return tpu.current_device() if index is None else index
 
 
+def _check_sizes(size):
+    for s in size:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
+
+
 @raw("empty.memory_format")
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_sizes(size)
     return _C.empty(list(size), _dtype(dtype), _index(device))
 
 
 @raw("empty_strided")
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     size, stride = list(size), list(stride)
+    _check_sizes(size)
     base = _C.empty([_storage_numel(size, stride)], _dtype(dtype), _index(device))
     return base.as_strided(size, stride)
 
