@@ -307,3 +307,50 @@ def test_histogramdd(kwargs):
     assert_close(torch.histogramdd(flat.to("tpu"), bins=[2, 2]).hist, torch.histogramdd(flat, bins=[2, 2]).hist)
     assert_close(torch.histogramdd(torch.empty(0, 2, device="tpu"), bins=[2, 3]).bin_edges[1],
                  torch.histogramdd(torch.empty(0, 2), bins=[2, 3]).bin_edges[1])
+
+
+NAN_ROWS = torch.tensor([[1.5, float("nan"), 0.5, -2.0], [2.0, 3.0, -1.0, 0.0]])
+
+PROPAGATES_NAN = {
+    "max": lambda x: x.max(),
+    "amax": lambda x: x.amax(1),
+    "min over a dim": lambda x: x.min(1).values,
+    "amin": lambda x: x.amin(),
+    "aminmax": lambda x: torch.stack(torch.aminmax(x, dim=1)),
+    "max_pool1d": lambda x: torch.nn.functional.max_pool1d(x.unsqueeze(0), 2),
+    "max_pool2d": lambda x: torch.nn.functional.max_pool2d(x.reshape(1, 1, 2, 4), 2),
+    "softmax": lambda x: x.softmax(1),
+    "logsumexp": lambda x: x.logsumexp(1),
+}
+
+
+@pytest.mark.parametrize("case", PROPAGATES_NAN)
+def test_reductions_propagate_nan_like_the_cpu(mode, case):
+    fn = PROPAGATES_NAN[case]
+    assert_close(fn(NAN_ROWS.to("tpu")), fn(NAN_ROWS), equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.clamp(min=0.5),
+        lambda x: x.clamp(0.5, 2.5),
+        lambda x: x.clamp(-3, 5),
+        lambda x: x.half().clamp(max=0.5),
+        lambda x: x.floor(),
+        lambda x: x.ceil(),
+        lambda x: x.round(),
+        lambda x: x.int().trunc(),
+    ],
+)
+def test_integer_rounding_and_clamping_keep_pytorchs_dtype(mode, fn):
+    x = torch.tensor([[7, -7, 3], [-3, 0, 100]])
+    assert_close(fn(x.to("tpu")), fn(x))
+
+
+@pytest.mark.parametrize("fn", [torch.sign, torch.sgn])
+def test_sign_of_nan_and_negative_zero_is_pytorchs(mode, fn):
+    x = torch.tensor([1.5, float("nan"), -0.0, 0.0, -2.0, float("inf")])
+    got = fn(x.to("tpu"))
+    assert_close(got, fn(x))
+    assert torch.equal(got.cpu().signbit(), fn(x).signbit())

@@ -90,6 +90,18 @@ REJECTED = {
     "a float result into out=": lambda x: torch.mul(x, x, out=torch.empty(2, 3, dtype=torch.int64, device=x.device)),
     "a negative integer power": lambda x: x.long() ** -1,
     "nll_loss weights of another class count": lambda x: F.nll_loss(x, torch.tensor([0, 1], device=x.device), weight=torch.ones(5, device=x.device)),
+    "amax over an empty dim": lambda x: x[:0].amax(0),
+    "argmax of an empty tensor": lambda x: x[:0].argmax(),
+    "index_select with a 2-d index": lambda x: x.index_select(0, torch.zeros(1, 1, dtype=torch.long, device=x.device)),
+    "mode over a dim out of range": lambda x: x.mode(4),
+    "a mask of another shape": lambda x: x[torch.ones(3, dtype=torch.bool, device=x.device)],
+    "clamp without bounds": lambda x: torch.clamp(x),
+    "an unknown rounding mode": lambda x: torch.div(x, x, rounding_mode="round"),
+    "integer remainder by 0": lambda x: x.long() % 0,
+    "integer floor division by 0": lambda x: x.long() // 0,
+    "take with float positions": lambda x: x.take(x),
+    "the norm of integers": lambda x: x.long().norm(),
+    "kthvalue past the dim": lambda x: x.kthvalue(5, 1),
 }
 
 
@@ -104,6 +116,12 @@ def test_calls_the_cpu_rejects_are_rejected_with_its_exception_class(mode, case)
     with pytest.raises(type(on_cpu.value)):
         REJECTED[case](on_tpu)
     assert_close(on_tpu, x)
+
+
+def test_the_median_of_nothing_is_nan(mode):
+    empty = torch.empty(0)
+    assert torch.isnan(empty.to("tpu").median().cpu()) and torch.isnan(empty.median())
+    assert torch.isnan(empty.to("tpu").nanmedian().cpu())
 
 
 def test_float_index_tensors_are_an_index_error(mode):

@@ -14,7 +14,9 @@ pub enum OpErrorKind {
     /// `RuntimeError`).
     #[default]
     Invalid,
-    /// A dimension or index beyond a tensor's bounds (`IndexError`).
+    /// A dimension or index that does not address the tensor: beyond its
+    /// bounds, along an empty dimension, or an index tensor of the wrong
+    /// rank (`IndexError`).
     OutOfRange,
     /// A valid call the op does not implement, e.g. for a dtype
     /// (`NotImplementedError`).

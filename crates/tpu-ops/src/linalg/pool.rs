@@ -15,6 +15,7 @@ use tpu_core::{DType, Shape};
 
 use super::accumulator;
 use super::conv::{ConvParams, conv_lhs_grad, spatial_ints};
+use crate::reduce::kit::with_nan;
 use crate::support::*;
 
 /// Dtypes max pooling takes (any ordered type).
@@ -169,7 +170,10 @@ fn lower_max_pool(b: &mut Builder, x: &Value, p: &Pool) -> Value {
     let y = if x.shape().numel() == 0 {
         b.constant(x.dtype(), p.output.to_vec(), 0.0)
     } else {
-        reduce_window(b, &x4, p, lowest(x.dtype()), "stablehlo.maximum")
+        let y = reduce_window(b, &x4, p, lowest(x.dtype()), "stablehlo.maximum");
+        with_nan(b, &x4, y, |b, nan| {
+            reduce_window(b, nan, p, 0.0, "stablehlo.or")
+        })
     };
     b.reshape(&y, p.out_shape().dims())
 }

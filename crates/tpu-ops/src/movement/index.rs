@@ -367,7 +367,7 @@ inventory::submit! {
 fn select_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<(usize, Shape)> {
     require_index(idx.dtype, "index")?;
     if idx.shape.rank() > 1 {
-        return Err(invalid!(
+        return Err(out_of_range!(
             "index must be 0-D or 1-D, got shape {}",
             idx.shape
         ));

@@ -291,7 +291,7 @@ fn index_add_plan(
     require_index(idx.dtype, "index")?;
     same_dtype(x, src)?;
     if idx.shape.rank() > 1 {
-        return Err(invalid!(
+        return Err(out_of_range!(
             "index must be 0-D or 1-D, got shape {}",
             idx.shape
         ));

@@ -6,10 +6,10 @@
 use tpu_core::DType;
 use tpu_core::Shape;
 use tpu_core::host::{HostData, HostTensor};
-use tpu_core::invalid;
 use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
+use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, i64_array};
 
 use super::kit::*;
@@ -127,7 +127,7 @@ fn infer_arg(inputs: &[TensorType], attrs: &Attrs, what: &str) -> OpResult<Vec<T
     let (dim, keepdim) = arg_args(&t.shape, attrs)?;
     match dim {
         None if t.shape.numel() == 0 => {
-            return Err(invalid!(
+            return Err(out_of_range!(
                 "{what} of an empty tensor ({}) without a `dim`",
                 t.shape
             ));

@@ -7,6 +7,7 @@ use tpu_core::invalid;
 use tpu_core::op::{Attrs, OpResult, Tape, Var, VjpArgs};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
+use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value, int_range};
 use tpu_core::{DType, Shape};
 
@@ -35,7 +36,7 @@ pub(crate) fn count(shape: &[usize], dims: &[usize]) -> usize {
 /// identity there).
 pub(crate) fn require_nonempty(shape: &Shape, dims: &[usize], what: &str) -> OpResult<()> {
     match dims.iter().find(|&&d| shape.dims()[d] == 0) {
-        Some(d) => Err(invalid!(
+        Some(d) => Err(out_of_range!(
             "{what} of an empty set: dimension {d} of {shape} has size 0"
         )),
         None => Ok(()),
@@ -74,22 +75,40 @@ pub(crate) fn highest(dtype: DType) -> f64 {
     }
 }
 
-/// Maximum over `dims` (logical or for bool).
+/// Maximum over `dims` (logical or for bool); NaN where a group holds one.
 pub(crate) fn max_in(b: &mut Builder, x: &Value, dims: &[usize]) -> Value {
     if x.dtype() == DType::Bool {
-        b.reduce(x, 0.0, dims, "stablehlo.or")
-    } else {
-        b.reduce(x, lowest(x.dtype()), dims, "stablehlo.maximum")
+        return b.reduce(x, 0.0, dims, "stablehlo.or");
     }
+    let r = b.reduce(x, lowest(x.dtype()), dims, "stablehlo.maximum");
+    with_nan(b, x, r, |b, nan| b.reduce(nan, 0.0, dims, "stablehlo.or"))
 }
 
-/// Minimum over `dims` (logical and for bool).
+/// Minimum over `dims` (logical and for bool); NaN where a group holds one.
 pub(crate) fn min_in(b: &mut Builder, x: &Value, dims: &[usize]) -> Value {
     if x.dtype() == DType::Bool {
-        b.reduce(x, 1.0, dims, "stablehlo.and")
-    } else {
-        b.reduce(x, highest(x.dtype()), dims, "stablehlo.minimum")
+        return b.reduce(x, 1.0, dims, "stablehlo.and");
     }
+    let r = b.reduce(x, highest(x.dtype()), dims, "stablehlo.minimum");
+    with_nan(b, x, r, |b, nan| b.reduce(nan, 0.0, dims, "stablehlo.or"))
+}
+
+/// `r`, a maximum or minimum of `x` over groups, with NaN where `any`
+/// (reducing `x`'s NaN mask the same way) finds one: XLA's CPU reductions
+/// skip NaN where PyTorch propagates it.
+pub(crate) fn with_nan(
+    b: &mut Builder,
+    x: &Value,
+    r: Value,
+    any: impl FnOnce(&mut Builder, &Value) -> Value,
+) -> Value {
+    if !x.dtype().is_float() {
+        return r;
+    }
+    let nan = b.compare(Compare::Ne, x, x);
+    let hit = any(b, &nan);
+    let quiet = b.constant(r.dtype(), r.shape().clone(), f64::NAN);
+    b.select(&hit, &quiet, &r)
 }
 
 /// A splat of `value` shaped like `like`.

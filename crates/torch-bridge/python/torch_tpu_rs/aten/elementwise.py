@@ -96,7 +96,18 @@ def angle(self):
     return torch.where(torch.isnan(x), x, a)
 kernel("fmax")(_binary("fmax"))
 kernel("fmin")(_binary("fmin"))
-kernel("remainder.Tensor", "remainder.Scalar")(_binary("remainder"))
+def _check_integer_divisor(dtype, other):
+    """Integer division by the number 0 is an error, as on the CPU (a zero
+    inside a divisor tensor is not read back: the device gives a value)."""
+    if not dtype.is_floating_point and not isinstance(other, torch.Tensor) and other == 0:
+        raise RuntimeError("ZeroDivisionError")
+
+
+@kernel("remainder.Tensor", "remainder.Scalar")
+def remainder(self, other):
+    dtype = torch.result_type(self, other)
+    _check_integer_divisor(dtype, other)
+    return run("remainder", [self, other], None, dtype)
 kernel("bitwise_and.Tensor", "bitwise_and.Scalar")(_binary("bitwise_and"))
 kernel("bitwise_or.Tensor", "bitwise_or.Scalar")(_binary("bitwise_or"))
 kernel("bitwise_xor.Tensor", "bitwise_xor.Scalar")(_binary("bitwise_xor"))
@@ -163,7 +174,11 @@ def div(self, other):
 
 @kernel("div.Tensor_mode", "div.Scalar_mode")
 def div_mode(self, other, *, rounding_mode=None):
+    if rounding_mode not in (None, "trunc", "floor"):
+        raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
     dtype = torch.result_type(self, other)
+    if rounding_mode is not None:
+        _check_integer_divisor(dtype, other)
     q = div(self, other)
     if rounding_mode == "trunc":
         q = _trunc(q)
@@ -201,8 +216,30 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
 
 
 # Unary ops that keep the dtype.
-for _name in ("abs", "neg", "relu", "sign", "floor", "ceil", "round", "isnan", "isinf", "logical_not"):
+for _name in ("abs", "neg", "relu", "isnan", "isinf", "logical_not"):
     kernel(_name)(lambda self, _op=_name: run(_op, [self]))
+
+
+@kernel("sign", "sgn")
+def sign(self):
+    s = run("sign", [self])
+    if not self.is_floating_point():
+        return s
+    # PyTorch's sign is (0 < x) - (x < 0): 0 for NaN, and +0 for -0.
+    nonzero = run("logical_or", [run("lt", [self, 0], None, self.dtype), run("gt", [self, 0], None, self.dtype)])
+    return _C.run("where", [nonzero, s, 0.0], None, self.dtype, 1)[0]
+
+
+def _rounding(op):
+    def k(self):
+        # Integers are whole already: PyTorch returns them as they are.
+        return self.clone() if not self.is_floating_point() else run(op, [self])
+
+    return k
+
+
+for _name in ("floor", "ceil", "round"):
+    kernel(_name)(_rounding(_name))
 
 # Unary ops with a float result.
 for _name in (
@@ -246,11 +283,6 @@ def signbit(self):
     return run("logical_or", [negative, negative_zero])
 
 
-@kernel("sgn")
-def sgn(self):
-    return run("sign", [self])
-
-
 @kernel("trunc")
 def trunc(self):
     return self.clone() if not self.dtype.is_floating_point else _trunc(self)
@@ -290,6 +322,14 @@ def gelu(self, *, approximate="none"):
 
 @kernel("clamp")
 def clamp(self, min=None, max=None):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    dtype = torch.result_type(self, min if max is None else max)
+    if min is not None and max is not None:
+        dtype = torch.promote_types(dtype, torch.result_type(self, min))
+    if dtype != self.dtype:
+        # An integer tensor clamped by a float bound is a float result.
+        self = run("cast", [self], {"dtype": dtype})
     attrs = {}
     if min is not None:
         attrs["min"] = float(min)
@@ -300,6 +340,8 @@ def clamp(self, min=None, max=None):
 
 @kernel("clamp.Tensor")
 def clamp_tensor(self, min=None, max=None):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     out = self
     if min is not None:
         out = run("maximum", [out, min], None, torch.result_type(out, min))

@@ -196,7 +196,7 @@ def _restore(self, pair, keepdim):
 def kthvalue(self, k, dim=-1, keepdim=False):
     x, d = _lanes(self, dim)
     if not 1 <= k <= x.shape[d]:
-        raise IndexError(f"kthvalue: k = {k} is out of range for dimension {dim} of size {x.shape[d]}")
+        raise RuntimeError(f"kthvalue: k = {k} is out of range for dimension {dim} of size {x.shape[d]}")
     values, indices = sort_stable(x, stable=True, dim=d)
     lane = list(x.shape)
     lane[d] = 1
@@ -233,11 +233,15 @@ def nanmedian_dim(self, dim, keepdim=False):
 
 @kernel("median")
 def median(self):
+    if self.numel() == 0:
+        return torch.full((), math.nan, dtype=self.dtype, device=self.device)
     return _median(self.reshape(-1), 0, False, ignore_nan=False)[0]
 
 
 @kernel("nanmedian")
 def nanmedian(self):
+    if self.numel() == 0:
+        return torch.full((), math.nan, dtype=self.dtype, device=self.device)
     return _median(self.reshape(-1), 0, False, ignore_nan=True)[0]
 
 
@@ -372,6 +376,12 @@ def _linear_index(self, indices, op):
         # PyTorch takes CPU index tensors for any device's tensor.
         idx = idx.to(self.device)
         if idx.dtype == torch.bool:
+            covered = list(self.shape[d:d + idx.ndim])
+            if list(idx.shape) != covered:
+                raise IndexError(
+                    f"The shape of the mask {list(idx.shape)} at index {d} does not match "
+                    f"the shape of the indexed tensor {covered} at index {d}"
+                )
             # A mask indexes as its nonzero positions (one index per mask dim).
             for k, col in enumerate(nonzero(idx).unbind(1)):
                 dims.append(d + k)
@@ -401,6 +411,13 @@ def _front(self, dims):
 
 def _adjacent(dims):
     return dims == list(range(dims[0], dims[0] + len(dims)))
+
+
+@kernel("take")
+def take(self, positions):
+    if positions.dtype != torch.int64:
+        raise RuntimeError(f"take(): Expected a long tensor for index, but got {positions.dtype}")
+    return index(self.reshape(-1), [positions])
 
 
 @kernel("index.Tensor")

@@ -397,6 +397,8 @@ def mode(self, dim=-1, keepdim=False):
     frequent ones) and the index of its last occurrence, as on the CPU."""
     if self.ndim == 0:
         return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    if not -self.ndim <= dim < self.ndim:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-self.ndim}, {self.ndim - 1}], but got {dim})")
     d = dim % self.ndim
     if self.shape[d] == 0:
         raise IndexError(f"mode: dimension {dim} of the input is empty (tpu)")
@@ -420,6 +422,8 @@ def mode(self, dim=-1, keepdim=False):
 
 @kernel("linalg_vector_norm")
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if not self.is_floating_point():
+        raise NotImplementedError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {self.dtype}")
     x = self if dtype is None else run("cast", [self], {"dtype": dtype})
     a = run("abs", [x])
     dims = {"dims": _dims(dim, x.ndim), "keepdim": keepdim}
