@@ -354,3 +354,16 @@ def test_sign_of_nan_and_negative_zero_is_pytorchs(mode, fn):
     got = fn(x.to("tpu"))
     assert_close(got, fn(x))
     assert torch.equal(got.cpu().signbit(), fn(x).signbit())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ord", [2, 1, 3, float("inf"), 0])
+def test_half_precision_norms_sum_in_float32(mode, dtype, ord):
+    x = torch.tensor([300.0, 400.0, -100.0], dtype=dtype)  # 300**2 overflows float16
+    assert_close(torch.linalg.vector_norm(x.to("tpu"), ord), torch.linalg.vector_norm(x, ord))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool])
+def test_bitwise_not_of_every_integer_dtype(mode, dtype):
+    x = torch.tensor([0, 1, 5, 127], dtype=dtype)
+    assert_close(~x.to("tpu"), ~x)

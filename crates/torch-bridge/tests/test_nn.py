@@ -148,3 +148,84 @@ def test_strict_backward_rules_run_as_one_program_without_the_forward():
     assert got[2] is None
     for a, b in zip(got[:2], expected[:2]):
         assert_close(a, b, atol=1e-4)
+
+
+RECURRENT = {
+    "lstm": (lambda: torch.nn.LSTM(4, 3, batch_first=True), (2, 5, 4)),
+    "lstm 2 layers bidirectional": (lambda: torch.nn.LSTM(4, 3, num_layers=2, bidirectional=True), (5, 2, 4)),
+    "lstm without bias": (lambda: torch.nn.LSTM(4, 3, bias=False), (5, 2, 4)),
+    "lstm with projections": (lambda: torch.nn.LSTM(4, 6, proj_size=2), (5, 2, 4)),
+    "gru 2 layers": (lambda: torch.nn.GRU(4, 3, num_layers=2), (5, 2, 4)),
+    "gru bidirectional without bias": (lambda: torch.nn.GRU(4, 3, bidirectional=True, bias=False, batch_first=True), (2, 5, 4)),
+    "lstm cell": (lambda: torch.nn.LSTMCell(4, 3), (2, 4)),
+    "gru cell": (lambda: torch.nn.GRUCell(4, 3), (2, 4)),
+}
+
+
+@pytest.mark.parametrize("case", RECURRENT)
+def test_recurrent_layers_match_cpu_with_gradients(mode, case):
+    make, shape = RECURRENT[case]
+    torch.manual_seed(0)
+    cpu = make()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(*shape, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    out, out_t = cpu(x), tpu(xt)
+    out, out_t = (out[0], out_t[0]) if isinstance(out, tuple) else (out, out_t)
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    (out_t * weights.to("tpu")).sum().backward()
+    assert_close(out_t, out.detach())
+    assert_close(xt.grad, x.grad)
+    for (name, p), q in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_smooth_l1_loss_gradient_matches_cpu(mode, beta):
+    """Its backward reaches a decomposition of the out= form that writes the
+    out= tensor itself."""
+    x = torch.randn(3, 4, requires_grad=True)
+    target = torch.randn(3, 4)
+    xt = x.detach().to("tpu").requires_grad_()
+    F.smooth_l1_loss(x, target, beta=beta).backward()
+    F.smooth_l1_loss(xt, target.to("tpu"), beta=beta).backward()
+    assert_close(xt.grad, x.grad)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm_renormalizes_the_rows_it_reads(mode, norm_type):
+    torch.manual_seed(0)
+    cpu = nn.Embedding(10, 4, max_norm=1.0, norm_type=norm_type)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    idx = torch.tensor([[1, 2, 1], [3, 9, 2]])
+    out, out_t = cpu(idx), tpu(idx.to("tpu"))
+    (out * 2).sum().backward()
+    (out_t * 2).sum().backward()
+    assert_close(out_t, out.detach())
+    assert_close(tpu.weight.detach(), cpu.weight.detach())
+    assert_close(tpu.weight.grad, cpu.weight.grad)
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: torch.nn.utils.weight_norm(nn.Conv1d(4, 6, 3), dim=2), (2, 4, 9)),
+        (lambda: torch.nn.utils.weight_norm(nn.Linear(4, 3)), (2, 4)),
+        (lambda: torch.nn.utils.weight_norm(nn.Linear(4, 3), dim=None), (2, 4)),
+        (lambda: torch.nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3)), (2, 4, 9)),
+    ],
+)
+def test_weight_norm_gradients_match_cpu(mode, make, shape):
+    torch.manual_seed(0)
+    cpu = make()
+    torch.manual_seed(0)
+    tpu = make().to("tpu")
+    x = torch.randn(*shape)
+    out, out_t = cpu(x), tpu(x.to("tpu"))
+    weights = torch.randn(out.shape)
+    (out * weights).sum().backward()
+    (out_t * weights.to("tpu")).sum().backward()
+    assert_close(out_t, out.detach())
+    for (name, p), q in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4, msg=name)

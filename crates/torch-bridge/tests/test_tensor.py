@@ -221,3 +221,36 @@ def test_pow_by_a_python_number_matches_cpu(mode, exponent, dtype):
     exact = mode == "strict" or not dtype.is_floating_point
     ulp = 0 if exact else torch.finfo(dtype).eps
     torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=ulp, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "make, size",
+    [
+        (lambda x: x, (5, 6)),
+        (lambda x: x, (2, 3)),
+        (lambda x: x[1:], (2, 2)),
+        (lambda x: x.t(), (3, 3)),
+    ],
+)
+def test_resize_keeps_the_storages_elements(mode, make, size):
+    """As on the CPU: the storage's elements from the tensor's offset on fill
+    the new shape in order (the elements past the old end are new)."""
+    cpu = make(torch.arange(24.0).reshape(4, 6))
+    tpu = make(torch.arange(24.0).reshape(4, 6).to("tpu"))
+    cpu.resize_(size)
+    tpu.resize_(size)
+    n = min(cpu.numel(), 24 - cpu.storage_offset())
+    assert tpu.shape == cpu.shape
+    assert torch.equal(tpu.cpu().flatten()[:n], cpu.flatten()[:n])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: torch.linspace(0, 10, 4, dtype=torch.int64, device=d),
+        lambda d: torch.logspace(0, 2, 3, dtype=torch.int64, device=d),
+        lambda d: torch.full((2,), 2.7, dtype=torch.int32, device=d),
+    ],
+)
+def test_creation_ops_make_integer_dtypes_through_their_out_forms(mode, make):
+    assert_close(make("tpu"), make("cpu"))

@@ -47,7 +47,30 @@ def _vit():
     return transformers.ViTForImageClassification(config), {"pixel_values": torch.randn(2, 3, 16, 16)}
 
 
-MODELS = {"gpt2": _gpt2, "bert": _bert, "llama": _llama, "t5": _t5, "vit": _vit}
+def _whisper():
+    config = transformers.WhisperConfig(
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, d_model=32,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16, max_target_positions=16,
+        vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+    )
+    inputs = {"input_features": torch.randn(2, 8, 32), "decoder_input_ids": torch.randint(0, 100, (2, 5))}
+    return transformers.WhisperForConditionalGeneration(config), inputs
+
+
+def _wav2vec2():
+    # Its convolutional position embedding is weight-normed.
+    config = transformers.Wav2Vec2Config(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=32, intermediate_size=64, conv_dim=(8, 8),
+        conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+        vocab_size=100,
+    )
+    return transformers.Wav2Vec2ForCTC(config), {"input_values": torch.randn(2, 400)}
+
+
+MODELS = {
+    "gpt2": _gpt2, "bert": _bert, "llama": _llama, "t5": _t5, "vit": _vit,
+    "whisper": _whisper, "wav2vec2": _wav2vec2,
+}
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -312,7 +312,9 @@ def exp2(self):
 def bitwise_not(self):
     if self.dtype == torch.bool:
         return run("logical_not", [self])
-    return run("sub", [run("neg", [self]), 1], None, self.dtype)
+    # x ^ all-ones: -1 in every signed type, the maximum in unsigned ones.
+    ones = torch.iinfo(self.dtype).max if not self.dtype.is_signed else -1
+    return run("bitwise_xor", [self, ones], None, self.dtype)
 
 
 @kernel("gelu")

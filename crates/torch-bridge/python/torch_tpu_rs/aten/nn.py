@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from .registry import kernel
+from .registry import kernel, raw
 
 
 # ---- Matrix products. ----
@@ -694,3 +694,88 @@ for _name in (
     "upsample_bicubic2d", "upsample_trilinear3d",
 ):
     kernel(f"{_name}_backward")(_upsample_backward(getattr(torch.ops.aten, _name).default))
+
+
+# ---- Recurrent cells: what nn.LSTM, nn.GRU and their cells run on a
+# non-CPU device. The workspace is this module's own: the activated gates
+# the backward kernels read. ----
+
+
+@kernel("_thnn_fused_lstm_cell")
+def thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+@kernel("_thnn_fused_lstm_cell_backward_impl")
+def thnn_fused_lstm_cell_backward_impl(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = workspace.chunk(4, 1)
+    tanh_cy = cy.tanh()
+    grad_c = torch.zeros_like(cy) if grad_cy is None else grad_cy
+    if grad_hy is not None:
+        grad_c = grad_c + grad_hy * o * (1 - tanh_cy * tanh_cy)
+    grad_o = torch.zeros_like(o) if grad_hy is None else grad_hy * tanh_cy * o * (1 - o)
+    grad_gates = torch.cat([
+        grad_c * g * i * (1 - i),
+        grad_c * cx * f * (1 - f),
+        grad_c * i * (1 - g * g),
+        grad_o,
+    ], 1)
+    grad_bias = grad_gates.sum(0) if has_bias else None
+    return grad_gates, grad_c * f, grad_bias
+
+
+@kernel("_thnn_fused_gru_cell")
+def thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates = input_gates + input_bias
+        hidden_gates = hidden_gates + hidden_bias
+    ir, iz, in_ = input_gates.chunk(3, 1)
+    hr, hz, hn = hidden_gates.chunk(3, 1)
+    r = (ir + hr).sigmoid()
+    z = (iz + hz).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx - n)
+    return hy, torch.cat([r, z, n, hx, hn], 1)
+
+
+@kernel("_thnn_fused_gru_cell_backward")
+def thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    grad_n = grad_hy * (1 - z) * (1 - n * n)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_input_gates = torch.cat([grad_r, grad_z, grad_n], 1)
+    grad_hidden_gates = torch.cat([grad_r, grad_z, grad_n * r], 1)
+    grad_hx = grad_hy * z
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return grad_input_gates, grad_hidden_gates, grad_hx, grad_input_gates.sum(0), grad_hidden_gates.sum(0)
+
+
+@raw("embedding_renorm_")
+def embedding_renorm_(self, indices, max_norm, norm_type):
+    """Rows that ``indices`` looks up whose norm exceeds ``max_norm`` are
+    scaled down to it (nn.Embedding's max_norm), in place."""
+    rows = torch.unique(indices.reshape(-1))
+    weights = self.index_select(0, rows)
+    norms = torch.linalg.vector_norm(weights, norm_type, dim=1, keepdim=True)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    self.index_copy_(0, rows, weights * scale)
+    return self
+
+
+@kernel("_weight_norm_interface_backward")
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """w = g * v / |v| (the norm over every dim but ``dim``; over all of
+    them for -1): the gradients of ``v`` and ``g``."""
+    axes = [d for d in range(saved_v.ndim) if d != dim] if dim != -1 else list(range(saved_v.ndim))
+    grad_g = (grad_w * saved_v).sum(axes, keepdim=True) / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
+    return grad_v, grad_g.reshape(saved_g.shape)

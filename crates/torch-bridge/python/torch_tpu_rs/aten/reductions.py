@@ -425,6 +425,11 @@ def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not self.is_floating_point():
         raise NotImplementedError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {self.dtype}")
     x = self if dtype is None else run("cast", [self], {"dtype": dtype})
+    if x.dtype in (torch.float16, torch.bfloat16) and ord not in (0, float("inf"), float("-inf")):
+        # Powers of half-precision values overflow (300**2 > 65504): sum them
+        # in float32 as PyTorch does, and round the norm once.
+        norm = linalg_vector_norm(run("cast", [x], {"dtype": torch.float32}), ord, dim, keepdim)
+        return run("cast", [norm], {"dtype": x.dtype})
     a = run("abs", [x])
     dims = {"dims": _dims(dim, x.ndim), "keepdim": keepdim}
     if ord == float("inf"):

@@ -9,6 +9,7 @@ decomposition into ops that have one, then an opt-in CPU fallback, and
 otherwise raises ``NotImplementedError`` naming the op.
 """
 
+import inspect
 import os
 import threading
 import warnings
@@ -86,8 +87,9 @@ def _check_cast(result, dst):
         raise RuntimeError(f"result type {name(result.dtype)} can't be cast to the desired output type {name(dst.dtype)}")
 
 
-def _store(dst, value):
-    _check_cast(value, dst)
+def _store(dst, value, computed):
+    if computed:
+        _check_cast(value, dst)
     if dst.shape != value.shape:
         # out= tensors may come with the wrong shape: PyTorch resizes them.
         dst.resize_(value.shape)
@@ -109,9 +111,12 @@ def _out(fn, out_names):
     def kernel(*args, **kwargs):
         outs = [kwargs.pop(k) for k in out_names]
         result = fn(*args, **kwargs)
+        # Results computed from tensors obey the cast rule; creation ops
+        # (linspace.out, full.out) make values in the out tensor's dtype.
+        computed = any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values()))
         if len(outs) == 1:
-            return _store(outs[0], result)
-        return tuple(_store(o, r) for o, r in zip(outs, result))
+            return _store(outs[0], result, computed)
+        return tuple(_store(o, r, computed) for o, r in zip(outs, result))
 
     return kernel
 
@@ -245,6 +250,16 @@ class _Circular(Exception):
     """A decomposition came back to the op it decomposes."""
 
 
+def _takes(fn, names):
+    """True when ``fn`` has parameters called ``names`` (a decomposition of
+    an out= form that writes the out= tensors itself)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(n in parameters for n in names)
+
+
 def fallback(op, *args, **kwargs):
     active = getattr(_decomposing, "ops", None)
     if active is None:
@@ -254,10 +269,9 @@ def fallback(op, *args, **kwargs):
     decomposition = _decomposition(op)
     if decomposition is not None:
         out_names = [a.name for a in op._schema.arguments if a.is_out and a.name in kwargs]
-        if out_names:
-            # An out= form's decomposition computes the value (not all of
-            # them take the out= arguments); it is written here, as the
-            # derived out= kernels do.
+        if out_names and not _takes(decomposition, out_names):
+            # An out= form's decomposition that only computes the value: it
+            # is written here, as the derived out= kernels do.
             decomposition = _out(decomposition, out_names)
         active.add(op)
         try:

@@ -68,8 +68,14 @@ def resize_(self, size, *, memory_format=None):
     if math.prod(size) == self.numel() and self.is_contiguous():
         # Same elements, new shape: keep the data.
         return self.set_(self.view(size))
-    # New elements (out= tensors PyTorch made empty): a fresh storage.
-    return self.set_(_C.empty(size, self.dtype, _index(self.device)))
+    # As PyTorch: the elements of the storage from the offset on keep their
+    # order in the new shape, and the ones past the end are new.
+    fresh = _C.empty(size, self.dtype, _index(self.device))
+    stored = self.untyped_storage().nbytes() // self.element_size() - self.storage_offset()
+    kept = min(math.prod(size), stored)
+    if kept > 0:
+        fresh.view(-1)[:kept].copy_(self.as_strided((kept,), (1,), self.storage_offset()))
+    return self.set_(fresh)
 
 
 @raw("copy_")
