@@ -367,3 +367,54 @@ def test_half_precision_norms_sum_in_float32(mode, dtype, ord):
 def test_bitwise_not_of_every_integer_dtype(mode, dtype):
     x = torch.tensor([0, 1, 5, 127], dtype=dtype)
     assert_close(~x.to("tpu"), ~x)
+
+
+INTEGER_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+
+
+def _integer_pairs(dtype):
+    """Values from the dtype's edges against small divisors (not min / -1,
+    which traps on the CPU)."""
+    info = torch.iinfo(dtype)
+    values = torch.tensor([info.min, info.min + 1, -7, -1, 0, 1, 7, 99, 2**53 + 1, info.max - 1, info.max])
+    values = values.clamp(info.min, info.max).to(dtype).unique()
+    divisors = torch.tensor([-3, -2, -1, 1, 2, 3, 7]).clamp(info.min, info.max).to(dtype).unique()
+    divisors = divisors[divisors != 0]
+    x, y = values.repeat_interleave(len(divisors)), divisors.repeat(len(values))
+    keep = ~((x == info.min) & (y == -1)) if info.min < 0 else torch.ones_like(x, dtype=torch.bool)
+    return x[keep], y[keep]
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
+def test_integer_division_is_exact_at_the_dtypes_edges(mode, dtype):
+    """Integer floor and trunc division do not go through floats (which are
+    not exact past 2**53)."""
+    x, y = _integer_pairs(dtype)
+    for rounding_mode in ("floor", "trunc"):
+        assert_close(torch.div(x.to("tpu"), y.to("tpu"), rounding_mode=rounding_mode), torch.div(x, y, rounding_mode=rounding_mode))
+    assert_close(x.to("tpu") // 3, x // 3)
+    assert_close(torch.fmod(x.to("tpu"), y.to("tpu")), torch.fmod(x, y))
+
+
+@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
+def test_shifts_wrap_fill_and_saturate_like_the_cpu(mode, dtype):
+    x, _ = _integer_pairs(dtype)
+    bits = torch.iinfo(dtype).bits
+    for count in [-1, 0, 1, bits // 2, bits - 1, bits, bits + 3]:
+        assert_close(x.to("tpu") << count, x << count)
+        assert_close(x.to("tpu") >> count, x >> count)
+    counts = torch.arange(0 if dtype == torch.uint8 else -1, bits + 2).to(dtype)
+    xs = x.repeat(len(counts))[: len(counts)]
+    assert_close(xs.to("tpu") << counts.to("tpu"), xs << counts)
+    assert_close(torch.bitwise_right_shift(xs.to("tpu"), counts.to("tpu")), torch.bitwise_right_shift(xs, counts))
+
+
+def test_integer_division_by_a_power_computed_on_the_device(mode):
+    """XLA rewrites a / pow(b, c) as a * pow(b, -c), which is 0 for integers;
+    inside one fused program the division must not be rewritten."""
+    x = torch.tensor([2**62 + 5, -7, 99, 2**53 + 1, 100, 100])
+    n = torch.tensor([1, 1, 2, 2, 3, 0])
+    xt, nt = x.to("tpu"), n.to("tpu")
+    for rounding_mode in ("floor", "trunc"):
+        assert_close(torch.div(xt, 2**nt, rounding_mode=rounding_mode), torch.div(x, 2**n, rounding_mode=rounding_mode))
+    assert_close(xt // (2**nt), x // (2**n))

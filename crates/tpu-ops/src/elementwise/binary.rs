@@ -5,8 +5,8 @@ use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
-use tpu_core::op_def;
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+use tpu_core::{invalid, op_def};
 
 use crate::support::*;
 
@@ -353,6 +353,120 @@ fn lower_remainder(b: &mut Builder, x: &[Value]) -> Vec<Value> {
     let fix = b.binary("stablehlo.and", &nonzero, &differ);
     let shifted = b.binary("stablehlo.add", &rem, &r);
     vec![b.select(&fix, &shifted, &rem)]
+}
+
+/// `x / y` rounded toward negative infinity (`floor`) or zero (`trunc`).
+#[derive(Clone, Copy, PartialEq)]
+enum Rounding {
+    Floor,
+    Trunc,
+}
+
+fn rounding(attrs: &Attrs) -> OpResult<Rounding> {
+    match attrs.str_or("rounding", "floor")? {
+        "floor" => Ok(Rounding::Floor),
+        "trunc" => Ok(Rounding::Trunc),
+        other => Err(invalid!(
+            "rounding must be \"floor\" or \"trunc\", got {other:?}"
+        )),
+    }
+}
+
+/// Integers divide exactly (the quotient of a truncating division, one
+/// less where the remainder's sign differs from the divisor's under
+/// `floor`); floats round their quotient.
+fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
+    let dtype = promote(x[0].ty(), x[1].ty());
+    let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
+    let (l, r) = operands(b, x, dtype, shape.dims());
+    // XLA rewrites `a / pow(b, c)` as `a * pow(b, -c)`, which is 0 for
+    // integers: the barrier keeps an integer divisor computed in the same
+    // program out of that rewrite.
+    let r = if dtype.is_float() {
+        r
+    } else {
+        b.op1("stablehlo.optimization_barrier", &[&r], "", r.ty().clone())
+    };
+    let q = b.binary("stablehlo.divide", &l, &r);
+    if dtype.is_float() {
+        return match mode {
+            Rounding::Floor => b.unary("stablehlo.floor", &q),
+            Rounding::Trunc => {
+                // trunc(q) = sign(q) * floor(|q|)
+                let mag = b.unary("stablehlo.abs", &q);
+                let mag = b.unary("stablehlo.floor", &mag);
+                let sign = b.unary("stablehlo.sign", &q);
+                b.binary("stablehlo.multiply", &sign, &mag)
+            }
+        };
+    }
+    if mode == Rounding::Trunc {
+        return q;
+    }
+    let rem = b.binary("stablehlo.remainder", &l, &r);
+    let zero = b.constant(dtype, shape.dims(), 0.0);
+    let nonzero = b.compare(Compare::Ne, &rem, &zero);
+    let rem_neg = b.compare(Compare::Lt, &rem, &zero);
+    let div_neg = b.compare(Compare::Lt, &r, &zero);
+    let differ = b.compare(Compare::Ne, &rem_neg, &div_neg);
+    let fix = b.binary("stablehlo.and", &nonzero, &differ);
+    let one = b.constant(dtype, shape.dims(), 1.0);
+    let lower = b.binary("stablehlo.subtract", &q, &one);
+    b.select(&fix, &lower, &q)
+}
+
+fn rounded_div_i(x: i64, y: i64, mode: Rounding) -> i64 {
+    if y == 0 {
+        return 0;
+    }
+    let q = x.wrapping_div(y);
+    let r = x.wrapping_rem(y);
+    if mode == Rounding::Floor && r != 0 && (r < 0) != (y < 0) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+fn rounded_div_f(x: f64, y: f64, mode: Rounding) -> f64 {
+    match mode {
+        Rounding::Floor => (x / y).floor(),
+        Rounding::Trunc => (x / y).trunc(),
+    }
+}
+
+inventory::submit! {
+    op_def! {
+        name: "rounded_div",
+        arity: Arity::Exactly(2),
+        flags: Flags::ELEMENTWISE.union(Flags::NOT_DIFFERENTIABLE),
+        dtypes: NUMERIC,
+        infer: |x, attrs| {
+            rounding(attrs)?;
+            Ok(vec![infer_binary(x, NUMERIC, false)?])
+        },
+        lower: |b, x, attrs| Ok(vec![lower_rounded_div(b, x, rounding(attrs)?)]),
+        reference: |x, attrs| {
+            let mode = rounding(attrs)?;
+            arith_ref(x, false, |a, b| rounded_div_f(a, b, mode), |a, b| rounded_div_i(a, b, mode))
+        },
+        tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
+        samples: || {
+            let mut all: Vec<Sample> = binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect();
+            for s in all.iter_mut().skip(1).step_by(2) {
+                s.attrs = Attrs::new().with("rounding", "trunc");
+            }
+            all
+        },
+        arbitrary: |g: &mut Gen| {
+            let mut s = nonzero_divisor(binary_arbitrary(g, NUMERIC));
+            if g.bool() {
+                s.attrs = Attrs::new().with("rounding", "trunc");
+            }
+            s
+        },
+        torch: Torch::Expr(r#"torch.div(x[0], x[1], rounding_mode=a.get("rounding", "floor"))"#),
+    }
 }
 
 inventory::submit! {

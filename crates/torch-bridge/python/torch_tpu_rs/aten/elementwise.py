@@ -111,6 +111,40 @@ def remainder(self, other):
 kernel("bitwise_and.Tensor", "bitwise_and.Scalar")(_binary("bitwise_and"))
 kernel("bitwise_or.Tensor", "bitwise_or.Scalar")(_binary("bitwise_or"))
 kernel("bitwise_xor.Tensor", "bitwise_xor.Scalar")(_binary("bitwise_xor"))
+
+
+def _shift(self, other, left):
+    """PyTorch's integer shifts: wrapping on the left, sign-filling
+    (arithmetic) on the right; a shift by a negative count or by the width
+    or more gives 0 on the left and the sign on the right."""
+    dtype = torch.result_type(self, other)
+    if dtype.is_floating_point or dtype == torch.bool:
+        name = "lshift" if left else "rshift"
+        raise RuntimeError(f'"{name}_cpu" not implemented for {dtype}')
+    x = self if self.dtype == dtype else run("cast", [self], {"dtype": dtype})
+    count = other if isinstance(other, torch.Tensor) else torch.tensor(other, device=self.device)
+    count = count.to(device=self.device, dtype=torch.int64)
+    bits = torch.iinfo(dtype).bits
+    valid = (count >= 0) & (count < bits)
+    count = torch.where(valid, count, 0)
+    # Two powers of two, each at most 2**(bits/2), so neither overflows.
+    first = count // 2
+    factors = [(2 ** first).to(dtype), (2 ** (count - first)).to(dtype)]
+    for factor in factors:
+        x = run("mul", [x, factor], None, dtype) if left else run("rounded_div", [x, factor], {"rounding": "floor"}, dtype)
+    if left:
+        beyond = run("full", [], {"shape": list(x.shape), "dtype": dtype, "value": 0.0})
+    else:
+        beyond = run("cast", [run("lt", [self, 0], None, dtype)], {"dtype": dtype})
+        beyond = run("neg", [beyond]) if dtype.is_signed else beyond
+    return torch.where(valid, x, beyond)
+
+
+for _names, _left in (
+    (("__lshift__.Tensor", "__lshift__.Scalar", "bitwise_left_shift.Tensor", "bitwise_left_shift.Tensor_Scalar"), True),
+    (("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar"), False),
+):
+    kernel(*_names)(lambda self, other, _left=_left: _shift(self, other, _left))
 kernel("pow.Tensor_Tensor")(_binary("pow"))
 
 
@@ -179,6 +213,9 @@ def div_mode(self, other, *, rounding_mode=None):
     dtype = torch.result_type(self, other)
     if rounding_mode is not None:
         _check_integer_divisor(dtype, other)
+        if not dtype.is_floating_point:
+            # Exact for every integer (a float quotient is not past 2**53).
+            return run("rounded_div", [self, other], {"rounding": rounding_mode}, dtype)
     q = div(self, other)
     if rounding_mode == "trunc":
         q = _trunc(q)
