@@ -340,17 +340,24 @@ fn py_rem_i(x: i64, y: i64) -> i64 {
     }
 }
 
+/// Where a truncating division's remainder `rem` is nonzero with a sign
+/// other than the divisor `r`'s: there floor division is one lower and
+/// the floored remainder is `rem + r`.
+fn floor_fix(b: &mut Builder, rem: &Value, r: &Value) -> Value {
+    let zero = b.constant(rem.dtype(), rem.shape().clone(), 0.0);
+    let nonzero = b.compare(Compare::Ne, rem, &zero);
+    let rem_neg = b.compare(Compare::Lt, rem, &zero);
+    let div_neg = b.compare(Compare::Lt, r, &zero);
+    let differ = b.compare(Compare::Ne, &rem_neg, &div_neg);
+    b.binary("stablehlo.and", &nonzero, &differ)
+}
+
 fn lower_remainder(b: &mut Builder, x: &[Value]) -> Vec<Value> {
     let dtype = promote(x[0].ty(), x[1].ty());
     let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
     let (l, r) = operands(b, x, dtype, shape.dims());
     let rem = b.binary("stablehlo.remainder", &l, &r);
-    let zero = b.constant(dtype, shape.dims(), 0.0);
-    let nonzero = b.compare(Compare::Ne, &rem, &zero);
-    let rem_neg = b.compare(Compare::Lt, &rem, &zero);
-    let div_neg = b.compare(Compare::Lt, &r, &zero);
-    let differ = b.compare(Compare::Ne, &rem_neg, &div_neg);
-    let fix = b.binary("stablehlo.and", &nonzero, &differ);
+    let fix = floor_fix(b, &rem, &r);
     let shifted = b.binary("stablehlo.add", &rem, &r);
     vec![b.select(&fix, &shifted, &rem)]
 }
@@ -404,12 +411,7 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
         return q;
     }
     let rem = b.binary("stablehlo.remainder", &l, &r);
-    let zero = b.constant(dtype, shape.dims(), 0.0);
-    let nonzero = b.compare(Compare::Ne, &rem, &zero);
-    let rem_neg = b.compare(Compare::Lt, &rem, &zero);
-    let div_neg = b.compare(Compare::Lt, &r, &zero);
-    let differ = b.compare(Compare::Ne, &rem_neg, &div_neg);
-    let fix = b.binary("stablehlo.and", &nonzero, &differ);
+    let fix = floor_fix(b, &rem, &r);
     let one = b.constant(dtype, shape.dims(), 1.0);
     let lower = b.binary("stablehlo.subtract", &q, &one);
     b.select(&fix, &lower, &q)
