@@ -2,6 +2,7 @@
 //! indexing.
 
 mod common;
+mod dynamic;
 mod index;
 mod join;
 mod permute;
