@@ -9,6 +9,7 @@
 
 mod address;
 mod args;
+mod buckets;
 mod device;
 mod dist;
 mod error;
@@ -69,6 +70,10 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(op_names, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::concat, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::padded_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::shape_buckets, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::set_shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_into, m)?)?;
     m.add_function(wrap_pyfunction!(ops::copy_into, m)?)?;
     m.add_function(wrap_pyfunction!(ops::to_cpu, m)?)?;

@@ -6,6 +6,10 @@
 //! covers the storage in order is free; any other view is an `as_strided`
 //! op. Writes are functional: a new tensor is bound to the storage, so
 //! every torch tensor aliasing it sees the write.
+//!
+//! With shape buckets on (see [`crate::buckets`]), a storage may hold its
+//! value [`Padded`] along one dim: views that are windows of it read
+//! through a run-time start, so their programs see the bucket's shape.
 
 use std::sync::Mutex;
 
@@ -24,9 +28,115 @@ pub struct Storage {
     numel: usize,
     device: usize,
     address: Address,
-    // `None` until first written: `torch.empty` allocates nothing, and an
+    // Empty until first written: `torch.empty` allocates nothing, and an
     // unwritten storage reads as zeros.
-    value: Mutex<Option<Tensor>>,
+    value: Mutex<Slot>,
+}
+
+/// What a storage holds: its value in order, padded, or both (the compact
+/// form made from the padded one on first need).
+#[derive(Default)]
+struct Slot {
+    compact: Option<Tensor>,
+    padded: Option<Padded>,
+}
+
+/// A value held padded along one dim: the storage's elements are, in
+/// row-major order, the first `len` entries of `value` along `dim`. The
+/// padding holds zeros.
+#[derive(Clone)]
+pub struct Padded {
+    /// The padded value; `value.shape()[dim]` is the capacity.
+    pub value: Tensor,
+    /// The padded dim.
+    pub dim: usize,
+    /// How much of `dim` is the storage's.
+    pub len: usize,
+}
+
+impl Padded {
+    /// The shape of the elements it holds (`len` along `dim`).
+    pub fn shape(&self) -> Vec<usize> {
+        let mut dims = self.value.shape().dims().to_vec();
+        dims[self.dim] = self.len;
+        dims
+    }
+
+    /// The capacity along `dim`.
+    pub fn capacity(&self) -> usize {
+        self.value.shape().dims()[self.dim]
+    }
+
+    /// The held elements without the padding.
+    fn compact(&self) -> Result<Tensor> {
+        let attrs = Attrs::new()
+            .with("dim", self.dim)
+            .with("start", 0)
+            .with("end", self.len);
+        call1("slice", std::slice::from_ref(&self.value), &attrs)
+    }
+
+    /// The window of the held elements that `layout` views, read with a
+    /// run-time start along the padded dim; `None` unless `layout` is a
+    /// box (an in-order, unit-step window) that stops short of `len`.
+    fn window(&self, layout: &Layout) -> Result<Option<Tensor>> {
+        let shape = self.shape();
+        let Some(window) = as_box(layout, &shape) else {
+            return Ok(None);
+        };
+        let (start, len) = window[self.dim];
+        if len == self.len {
+            return Ok(None);
+        }
+        let Device::Tpu(device) = self.value.device() else {
+            return Ok(None);
+        };
+        let at = crate::args::scalar(DType::I64, start as f64, device)?;
+        let attrs = Attrs::new().with("dim", self.dim).with("length", len);
+        let mut x = call1("dynamic_slice", &[self.value.clone(), at], &attrs)?;
+        for (dim, &(start, len)) in window.iter().enumerate() {
+            if dim != self.dim && len != shape[dim] {
+                let attrs = Attrs::new()
+                    .with("dim", dim)
+                    .with("start", start)
+                    .with("end", start + len);
+                x = call1("slice", &[x], &attrs)?;
+            }
+        }
+        if x.shape().dims() != layout.size.as_slice() {
+            x = call1(
+                "reshape",
+                &[x],
+                &Attrs::new().with("shape", layout.size.as_slice()),
+            )?;
+        }
+        Ok(Some(x))
+    }
+}
+
+/// The box `layout` views in a row-major tensor of `shape`: each dim's
+/// start and length. `None` when the view is not one (a transpose, a
+/// step, a broadcast).
+fn as_box(layout: &Layout, shape: &[usize]) -> Option<Vec<(usize, usize)>> {
+    let strides = contiguous_strides(shape);
+    let mut rest = layout.offset;
+    let mut starts = Vec::with_capacity(shape.len());
+    for &s in &strides {
+        starts.push(rest / s);
+        rest %= s;
+    }
+    let mut lens = vec![1; shape.len()];
+    let mut next = 0;
+    for (&n, &s) in layout.size.iter().zip(&layout.stride) {
+        if n == 1 {
+            continue;
+        }
+        let dim = (next..shape.len()).find(|&d| strides[d] == s && shape[d] > 1)?;
+        lens[dim] = n;
+        next = dim + 1;
+    }
+    let inside = (0..shape.len()).all(|d| starts[d] + lens[d] <= shape[d]);
+    inside.then(|| starts.into_iter().zip(lens).collect())
 }
 
 impl Storage {
@@ -37,8 +147,31 @@ impl Storage {
             numel,
             device,
             address: Address::allocate(bytes_of(dtype, numel))?,
-            value: Mutex::new(None),
+            value: Mutex::new(Slot::default()),
         })
+    }
+
+    /// A storage holding `padded`'s elements.
+    pub fn holding_padded(padded: Padded) -> Result<Storage> {
+        let Device::Tpu(device) = padded.value.device() else {
+            return Err(BridgeError::internal(
+                "a tpu storage cannot hold a cpu tensor",
+            ));
+        };
+        let numel = padded.shape().iter().product();
+        let storage = Storage::empty(padded.value.dtype(), numel, device)?;
+        crate::writes::note(&padded.value);
+        storage.lock().padded = Some(padded);
+        Ok(storage)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.value.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The padded value, when the storage holds one.
+    pub fn padded(&self) -> Option<Padded> {
+        self.lock().padded.clone()
     }
 
     /// A storage holding `value`'s elements.
@@ -50,7 +183,7 @@ impl Storage {
         };
         let storage = Storage::empty(value.dtype(), value.shape().numel(), device)?;
         crate::writes::note(&value);
-        *storage.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        storage.lock().compact = Some(value);
         Ok(storage)
     }
 
@@ -81,13 +214,16 @@ impl Storage {
 
     /// The current value (zeros when never written).
     pub fn value(&self) -> Result<Tensor> {
-        let mut slot = self.value.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = slot.as_ref() {
+        let mut slot = self.lock();
+        if let Some(v) = slot.compact.as_ref() {
             return Ok(v.clone());
         }
-        let zeros = full(self.dtype, &[self.numel], 0.0, self.device)?;
-        *slot = Some(zeros.clone());
-        Ok(zeros)
+        let value = match slot.padded.as_ref() {
+            Some(padded) => padded.compact()?,
+            None => full(self.dtype, &[self.numel], 0.0, self.device)?,
+        };
+        slot.compact = Some(value.clone());
+        Ok(value)
     }
 
     /// Binds a new value (same element count and type).
@@ -101,16 +237,17 @@ impl Storage {
             )));
         }
         crate::writes::note(&value);
-        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        *self.lock() = Slot {
+            compact: Some(value),
+            padded: None,
+        };
         Ok(())
     }
 
     /// True once written.
     pub fn is_written(&self) -> bool {
-        self.value
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        let slot = self.lock();
+        slot.compact.is_some() || slot.padded.is_some()
     }
 }
 
@@ -208,6 +345,11 @@ pub fn read(storage: &Storage, layout: &Layout) -> Result<Tensor> {
     if layout.numel() == 0 {
         return full(storage.dtype, &layout.size, 0.0, storage.device);
     }
+    if let Some(padded) = storage.padded()
+        && let Some(window) = padded.window(layout)?
+    {
+        return Ok(window);
+    }
     let value = storage.value()?;
     if layout.covers(storage.numel) {
         if value.shape().dims() == layout.size.as_slice() {
@@ -230,4 +372,46 @@ pub fn write(storage: &Storage, layout: &Layout, src: Tensor) -> Result<()> {
     let base = storage.value()?;
     let out = call1("as_strided_scatter", &[base, src], &layout.attrs())?;
     storage.set(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(size: &[usize], stride: &[usize], offset: usize) -> Layout {
+        Layout {
+            size: size.to_vec(),
+            stride: stride.to_vec(),
+            offset,
+        }
+    }
+
+    #[test]
+    fn windows_are_boxes_with_their_starts() {
+        let shape = [2, 5, 3];
+        // x[:, 4:5] and x[1, 1:4, 2] of a [2, 5, 3] tensor.
+        assert_eq!(
+            as_box(&view(&[2, 1, 3], &[15, 3, 1], 12), &shape),
+            Some(vec![(0, 2), (4, 1), (0, 3)])
+        );
+        assert_eq!(
+            as_box(&view(&[3], &[3], 15 + 3 + 2), &shape),
+            Some(vec![(1, 1), (1, 3), (2, 1)])
+        );
+        // The whole tensor, and a size-1 dim with any stride.
+        assert_eq!(
+            as_box(&view(&[2, 5, 1, 3], &[15, 3, 7, 1], 0), &shape),
+            Some(vec![(0, 2), (0, 5), (0, 3)])
+        );
+    }
+
+    #[test]
+    fn transposes_steps_and_broadcasts_are_not_boxes() {
+        let shape = [2, 5, 3];
+        assert_eq!(as_box(&view(&[3, 5], &[1, 3], 0), &shape), None);
+        assert_eq!(as_box(&view(&[2, 3], &[15, 6], 0), &shape), None);
+        assert_eq!(as_box(&view(&[4, 3], &[0, 1], 0), &shape), None);
+        // Runs past the end of its dim.
+        assert_eq!(as_box(&view(&[4], &[3], 6), &shape), None);
+    }
 }

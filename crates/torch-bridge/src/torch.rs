@@ -9,7 +9,7 @@ use pyo3::types::{IntoPyDict, PyBytes, PyList};
 use tpu_core::{DType, HostBuffer, Runtime, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::storage::{Layout, Storage, read};
+use crate::storage::{Layout, Padded, Storage, read};
 
 /// Attribute of a torch storage that holds its [`Storage`].
 const HANDLE: &str = "_tpu";
@@ -151,6 +151,12 @@ impl View {
 pub fn wrap<'py>(py: Python<'py>, value: Tensor) -> Result<Bound<'py, PyAny>> {
     let size = value.shape().dims().to_vec();
     tensor_over(py, &size, Storage::holding(value)?)
+}
+
+/// A new torch tensor on `tpu` holding `padded`'s elements (contiguous).
+pub fn wrap_padded(py: Python<'_>, padded: Padded) -> Result<Bound<'_, PyAny>> {
+    let size = padded.shape();
+    tensor_over(py, &size, Storage::holding_padded(padded)?)
 }
 
 /// A new, unwritten torch tensor on `tpu:device` of `size` (contiguous).

@@ -199,8 +199,9 @@ pub fn built(
         warn(Warning {
             message: format!(
                 "{what} has compiled {} programs; the last because {}. Inputs whose shapes \
-                 change every call compile every time: pad them to a few sizes (or use a \
-                 static cache for generation)",
+                 change every call compile every time: pad them to a few sizes (from \
+                 PyTorch, `torch.tpu.set_shape_buckets` does it for tensors grown by \
+                 `torch.cat`; for generation, a static cache also does)",
                 recompile.builds, recompile.detail
             ),
             site,

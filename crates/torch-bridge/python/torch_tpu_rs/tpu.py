@@ -31,6 +31,8 @@ __all__ = [
     "seed",
     "set_device",
     "set_eager_mode",
+    "set_shape_buckets",
+    "shape_buckets",
     "synchronize",
 ]
 
@@ -283,6 +285,39 @@ def set_eager_mode(mode):
     previous = eager_mode()
     _C.set_eager_mode(mode.value)
     return _ModeScope(previous)
+
+
+def shape_buckets():
+    """The shape bucket sizes in force (empty when bucketing is off)."""
+    return _C.shape_buckets()
+
+
+class _BucketScope(contextlib.AbstractContextManager):
+    def __init__(self, previous):
+        self._previous = previous
+
+    def __exit__(self, *exc):
+        _C.set_shape_buckets(",".join(map(str, self._previous)) or "off")
+        return False
+
+
+def set_shape_buckets(buckets):
+    """Turns shape bucketing on (``"pow2"`` or sizes such as ``[64, 128,
+    256]``) or off (``None``). With it on, ``torch.cat`` keeps a result
+    whose joined dim fits a bucket padded to it, so a sequence grown a step
+    at a time (a KV cache, generated ids) builds programs per bucket, not
+    per length; the values are the same. Used as a context manager, the
+    previous sizes come back on exit. ``TPU_RS_SHAPE_BUCKETS`` sets them
+    for a process."""
+    if buckets is None:
+        spec = "off"
+    elif isinstance(buckets, str):
+        spec = buckets
+    else:
+        spec = ",".join(str(int(b)) for b in buckets) or "off"
+    previous = _C.shape_buckets()
+    _C.set_shape_buckets(spec)
+    return _BucketScope(previous)
 
 
 # Autocast: the dtypes torch.amp.autocast("tpu") accepts.

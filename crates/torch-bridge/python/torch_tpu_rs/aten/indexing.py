@@ -125,7 +125,9 @@ def cat(tensors, dim=0):
     dtype = tensors[0].dtype
     for t in tensors[1:]:
         dtype = torch.promote_types(dtype, t.dtype)
-    return run("concat", tensors, {"dim": dim}, dtype)
+    # With shape buckets on, a join may go into a padded storage.
+    joined = _C.concat(tensors, dim, dtype)
+    return run("concat", tensors, {"dim": dim}, dtype) if joined is None else joined
 
 
 @kernel("stack")

@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from .registry import kernel, raw
+from .registry import aten, kernel, raw
 
 
 # ---- Matrix products. ----
@@ -622,24 +622,91 @@ def _fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     return 0  # SDPBackend.math
 
 
+def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention``: PyTorch's own (its math path, in
+    ops the device has), except for inference over a key and value held
+    padded to a shape bucket (a grown KV cache), which runs over the whole
+    bucket with the padding masked out, so every length in a bucket runs
+    the same programs."""
+    padded = None
+    if _over_padded_keys(query, key, value, attn_mask, dropout_p, enable_gqa):
+        padded = _C.padded_keys(key, value)
+    if padded is None:
+        return aten.scaled_dot_product_attention.default.decompose(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    length = key.shape[-2]
+    key, value, held = padded
+    capacity = key.shape[-2]
+    if attn_mask is not None and attn_mask.shape[-1] == length and length != 1:
+        attn_mask = torch.nn.functional.pad(attn_mask, (0, capacity - length))
+    if key.shape[-3] != query.shape[-3]:
+        # Grouped-query attention: each key and value head serves a group.
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+    keep = torch.arange(capacity, device=key.device) < held
+    # Without a mask of the caller's, no row loses every key to the masks.
+    return _attention(query, key, value, attn_mask, is_causal, scale, keep, safe=attn_mask is not None)[0]
+
+
+def _over_padded_keys(query, key, value, attn_mask, dropout_p, enable_gqa):
+    """Whether an attention call may take the padded path: inference, no
+    dropout, and inputs PyTorch's checks would pass (anything else goes to
+    PyTorch's own path, which reports it)."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if dropout_p != 0.0 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return False
+    return (
+        query.dim() == key.dim() == value.dim() >= 3
+        and query.dtype == key.dtype == value.dtype
+        and query.is_floating_point()
+        and query.shape[:-3] == key.shape[:-3] == value.shape[:-3]
+        and key.shape[-3] == value.shape[-3]
+        and (query.shape[-3] == key.shape[-3] or (enable_gqa and query.shape[-3] % key.shape[-3] == 0))
+        and query.shape[-1] == key.shape[-1]
+        and (attn_mask is None or (attn_mask.dtype in (torch.bool, query.dtype) and attn_mask.shape[-1] in (1, key.shape[-2])))
+    )
+
+
+_autograd_lib = torch.library.Library("aten", "IMPL")
+_autograd_lib.impl("scaled_dot_product_attention", _scaled_dot_product_attention, "AutogradPrivateUse1")
+
+
 @kernel("_scaled_dot_product_flash_attention_for_cpu")
 def _sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     """PyTorch's CPU flash-attention entry point: the attention output and
-    the row-wise log-sum-exp of the scaled, masked scores, computed in f32
-    for f16 and bf16 as the CPU kernel does (the log-sum-exp stays f32)."""
+    the row-wise log-sum-exp of the scaled, masked scores."""
     if dropout_p != 0.0:
         raise NotImplementedError("_scaled_dot_product_flash_attention_for_cpu with dropout is not implemented for the tpu device")
+    return _attention(query, key, value, attn_mask, is_causal, scale)
+
+
+def _attention(query, key, value, attn_mask, is_causal, scale, keep=None, safe=False):
+    """Softmax attention and the row-wise log-sum-exp of its scaled, masked
+    scores, computed in f32 for f16 and bf16 as the CPU kernel does (the
+    log-sum-exp stays f32). ``keep`` (bool, over keys) masks keys out;
+    ``safe`` gives rows with every key masked zeros (PyTorch's math path)
+    rather than NaN."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     dtype = query.dtype
     query, key, value = (t.to(_accumulator(dtype)) for t in (query, key, value))
-    s = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if keep is None:
+        s = torch.matmul(query, key.transpose(-2, -1)) * scale
+    else:
+        # Over a padded key, scaling the (unpadded) query is one program
+        # fewer per bucket.
+        s = torch.matmul(query * scale, key.transpose(-2, -1))
     if is_causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
+        causal = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-    lse = torch.logsumexp(s, -1)
-    out = torch.matmul(torch.softmax(s, -1), value)
+    if keep is not None:
+        s = torch.where(keep, s, float("-inf"))
+    # The padded path (``keep``) returns the output alone.
+    lse = None if keep is not None else torch.logsumexp(s, -1)
+    weights = aten._safe_softmax(s, -1) if safe else torch.softmax(s, -1)
+    out = torch.matmul(weights, value)
     return out.to(dtype), lse
 
 

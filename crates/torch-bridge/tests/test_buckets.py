@@ -1,0 +1,232 @@
+"""Shape bucketing: with buckets on, a tensor grown by ``torch.cat`` is held
+padded to a bucket. Every value read from it, written into it or computed
+from it must equal the CPU's, and growing it step by step must build
+programs per bucket, not per length."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import assert_close
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+@pytest.fixture
+def buckets():
+    with torch.tpu.set_shape_buckets([8, 16, 32, 64]):
+        yield
+
+
+def _built():
+    m = torch.tpu.metrics()
+    return m["compiles"] + m["disk_cache_hits"]
+
+
+def test_set_shape_buckets_scopes_and_checks_its_argument():
+    assert torch.tpu.shape_buckets() == []
+    with torch.tpu.set_shape_buckets([128, 64, 64]):
+        assert torch.tpu.shape_buckets() == [64, 128]
+        with torch.tpu.set_shape_buckets("pow2"):
+            assert torch.tpu.shape_buckets()[:3] == [16, 32, 64]
+        assert torch.tpu.shape_buckets() == [64, 128]
+        with torch.tpu.set_shape_buckets(None):
+            assert torch.tpu.shape_buckets() == []
+    assert torch.tpu.shape_buckets() == []
+    for bad in ([0, 8], [-4], "often"):
+        with pytest.raises(ValueError, match="shape buckets"):
+            torch.tpu.set_shape_buckets(bad)
+    assert torch.tpu.shape_buckets() == []
+
+
+def test_buckets_come_from_the_environment():
+    code = "import torch, torch_tpu_rs; print(torch.tpu.shape_buckets())"
+    env = dict(os.environ, TPU_RS_SHAPE_BUCKETS="256,64")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[64, 256]", out.stderr
+    env["TPU_RS_SHAPE_BUCKETS"] = "lots"
+    code = "import torch, torch_tpu_rs; torch.cat([torch.ones(2, device='tpu')] * 2)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "TPU_RS_SHAPE_BUCKETS" in out.stderr and "ValueError" in out.stderr
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_a_grown_tensor_reads_as_on_the_cpu(mode, buckets, dim, dtype):
+    """Grown a step at a time along ``dim``: the whole tensor, windows at
+    the end and in the middle, strided and transposed views, and
+    arithmetic on it equal the CPU's at every length."""
+    shape = [3, 2, 4]
+    shape[dim] = 1
+    steps = [torch.randn(shape).mul(5).to(dtype) for _ in range(20)]
+    cpu, tpu = steps[0], steps[0].to("tpu")
+    for step in steps[1:]:
+        cpu = torch.cat([cpu, step], dim)
+        tpu = torch.cat([tpu, step.to("tpu")], dim)
+        n = cpu.shape[dim]
+        assert_close(tpu.narrow(dim, n - 1, 1), cpu.narrow(dim, n - 1, 1))
+        assert_close(tpu.narrow(dim, n // 3, n // 2), cpu.narrow(dim, n // 3, n // 2))
+        assert_close(tpu.select(dim, n // 2), cpu.select(dim, n // 2))
+    assert_close(tpu, cpu)
+    assert_close(tpu.transpose(0, 2), cpu.transpose(0, 2))
+    assert_close(tpu[::2, :, 1::3], cpu[::2, :, 1::3])
+    if dtype.is_floating_point:
+        assert_close((tpu * 2 + 1).sum(dim), (cpu * 2 + 1).sum(dim), atol=1e-2, rtol=1e-2)
+
+
+def test_joins_of_several_parts_promote_and_skip_empty_ones(mode, buckets):
+    a, b, c = torch.randn(2, 10), torch.arange(6).reshape(2, 3), torch.zeros(2, 0)
+    got = torch.cat([a.to("tpu"), c.to("tpu"), b.to("tpu"), b[:, :1].to("tpu")], 1)
+    assert_close(got, torch.cat([a, c, b, b[:, :1]], 1))
+    grown = torch.cat([got, b.to("tpu")], 1)
+    assert_close(grown, torch.cat([a, c, b, b[:, :1], b], 1))
+    # Joins of like parts, and past the largest bucket: as without buckets.
+    assert_close(torch.cat([a.to("tpu"), a.to("tpu")], 1), torch.cat([a, a], 1))
+    big = torch.randn(2, 70)
+    assert_close(torch.cat([big.to("tpu"), a.to("tpu")], 1), torch.cat([big, a], 1))
+
+
+def test_branches_and_writes_leave_other_tensors_alone(mode, buckets):
+    """Two tensors grown from one, and in-place writes to a grown tensor
+    and its views, change nothing else."""
+    base_cpu = torch.cat([torch.randn(1, 5), torch.randn(1, 1)], 1)
+    base = base_cpu.to("tpu")
+    base = torch.cat([base[:, :5], base[:, 5:]], 1)
+    x, y = torch.randn(1, 1), torch.randn(1, 2)
+    left, right = torch.cat([base, x.to("tpu")], 1), torch.cat([base, y.to("tpu")], 1)
+    left_cpu, right_cpu = torch.cat([base_cpu, x], 1), torch.cat([base_cpu, y], 1)
+    left[:, -1:] += 10
+    left_cpu[:, -1:] += 10
+    right.mul_(2)
+    right_cpu.mul_(2)
+    assert_close(left, left_cpu)
+    assert_close(right, right_cpu)
+    assert_close(base, base_cpu)
+    grown, grown_cpu = torch.cat([left, x.to("tpu")], 1), torch.cat([left_cpu, x], 1)
+    assert_close(grown, grown_cpu)
+
+
+def test_gradients_flow_through_grown_tensors(mode, buckets):
+    parts = [torch.randn(2, 1, 3, requires_grad=True) for _ in range(6)]
+    tpu_parts = [p.detach().to("tpu").requires_grad_() for p in parts]
+    cpu, tpu = parts[0], tpu_parts[0]
+    for p, q in zip(parts[1:], tpu_parts[1:]):
+        cpu, tpu = torch.cat([cpu, p], 1), torch.cat([tpu, q], 1)
+    w = torch.randn(cpu.shape)
+    (cpu.tanh() * w).sum().backward()
+    (tpu.tanh() * w.to("tpu")).sum().backward()
+    for p, q in zip(parts, tpu_parts):
+        assert_close(q.grad, p.grad)
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("queries", [1, 3])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_attention_over_a_grown_cache_equals_the_cpus(mode, buckets, mask, queries, kv_heads):
+    """Keys and values grown like a KV cache; queries attend over them
+    (the padded path under no_grad, PyTorch's path with gradients), with
+    as many key heads as query heads or grouped (``enable_gqa``)."""
+    gqa = dict(enable_gqa=kv_heads != 4)
+    k_cpu, v_cpu = torch.randn(2, kv_heads, 3, 8), torch.randn(2, kv_heads, 3, 8)
+    k, v = k_cpu.to("tpu"), v_cpu.to("tpu")
+    for step in range(12):
+        nk, nv = torch.randn(2, kv_heads, 1, 8), torch.randn(2, kv_heads, 1, 8)
+        k_cpu, v_cpu = torch.cat([k_cpu, nk], -2), torch.cat([v_cpu, nv], -2)
+        k, v = torch.cat([k, nk.to("tpu")], -2), torch.cat([v, nv.to("tpu")], -2)
+        q = torch.randn(2, 4, queries, 8)
+        n = k_cpu.shape[-2]
+        m = None
+        if mask == "bool":
+            m = torch.rand(queries, n) > 0.3
+            m[:, 0] = True
+        elif mask == "float":
+            m = torch.randn(2, 1, queries, n)
+        kwargs = dict(attn_mask=m, is_causal=mask is None and queries > 1 and step % 2 == 0, **gqa)
+        with torch.no_grad():
+            want = torch.nn.functional.scaled_dot_product_attention(q, k_cpu, v_cpu, **kwargs)
+            m_tpu = None if m is None else m.to("tpu")
+            got = torch.nn.functional.scaled_dot_product_attention(
+                q.to("tpu"), k, v, **dict(kwargs, attn_mask=m_tpu)
+            )
+        assert_close(got, want, atol=1e-5, rtol=1e-4)
+    q = torch.randn(2, 4, queries, 8, requires_grad=True)
+    tq = q.detach().to("tpu").requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(q, k_cpu, v_cpu, **gqa).sum().backward()
+    torch.nn.functional.scaled_dot_product_attention(tq, k, v, **gqa).sum().backward()
+    assert_close(tq.grad, q.grad)
+
+
+def test_a_row_with_every_key_masked_is_zeros_as_in_pytorchs_math_path(mode, buckets):
+    k = torch.cat([torch.randn(1, 2, 4, 8), torch.randn(1, 2, 1, 8)], -2)
+    q = torch.randn(1, 2, 2, 8)
+    m = torch.ones(2, 5, dtype=torch.bool)
+    m[1] = False
+    with torch.no_grad():
+        got = torch.nn.functional.scaled_dot_product_attention(
+            q.to("tpu"), torch.cat([k[:, :, :4].to("tpu"), k[:, :, 4:].to("tpu")], -2), k.to("tpu"), attn_mask=m.to("tpu")
+        )
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=m)
+    assert_close(got, torch.nan_to_num(want, nan=0.0))
+
+
+def test_growing_builds_programs_per_bucket_not_per_length(buckets):
+    """A cache grown from 9 to 64 entries, read at its end and attended
+    over at every step: the programs built are bounded by the buckets
+    crossed, whatever the number of steps."""
+
+    def grow(steps):
+        k = torch.randn(1, 2, 9, 8, device="tpu")
+        ids = torch.zeros(1, 9, dtype=torch.int64, device="tpu")
+        for _ in range(steps):
+            k = torch.cat([k, torch.randn(1, 2, 1, 8, device="tpu")], -2)
+            ids = torch.cat([ids, ids[:, -1:] + 1], -1)
+            with torch.no_grad():
+                torch.nn.functional.scaled_dot_product_attention(torch.randn(1, 2, 1, 8, device="tpu"), k, k)
+        torch.tpu.synchronize()
+        return ids
+
+    grow(55)  # warm-up: every bucket
+    before = _built()
+    ids = grow(55)
+    assert _built() - before == 0
+    assert torch.equal(ids.cpu(), torch.cat([torch.zeros(1, 9, dtype=torch.int64), torch.arange(1, 56).unsqueeze(0)], 1))
+    with torch.tpu.set_shape_buckets(None):
+        grow(3)
+        before = _built()
+        grow(10)
+        unbucketed = _built() - before
+    assert unbucketed >= 10  # without buckets, every new length builds
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name):
+    """Greedy ``generate`` with Hugging Face's dynamic cache and buckets on:
+    the CPU's tokens, and after a shorter warm-up, at most 16 programs
+    built for 48 new tokens."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+        model = transformers.GPT2LMHeadModel(config).eval()
+    else:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+            intermediate_size=128, vocab_size=256, max_position_embeddings=128,
+        )
+        model = transformers.LlamaForCausalLM(config).eval()
+    prompt = (torch.arange(16) * 7 + 3).remainder(256).unsqueeze(0)
+    kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(prompt, **kwargs)
+        tpu_model = copy.deepcopy(model).to("tpu")
+        with torch.tpu.set_shape_buckets("pow2"):
+            tpu_model.generate(prompt.to("tpu"), **dict(kwargs, max_new_tokens=4, min_new_tokens=4))
+            before = _built()
+            got = tpu_model.generate(prompt.to("tpu"), **kwargs)
+            built = _built() - before
+    assert torch.equal(got.cpu(), want)
+    assert built <= 16, built
