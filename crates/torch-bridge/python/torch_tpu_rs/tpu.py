@@ -303,10 +303,10 @@ class _BucketScope(contextlib.AbstractContextManager):
 
 def set_shape_buckets(buckets):
     """Turns shape bucketing on (``"pow2"`` or sizes such as ``[64, 128,
-    256]``) or off (``None``). With it on, ``torch.cat`` keeps a result
-    whose joined dim fits a bucket padded to it, so a sequence grown a step
-    at a time (a KV cache, generated ids) builds programs per bucket, not
-    per length; the values are the same. Used as a context manager, the
+    256]``) or off (``None``). With it on, a ``torch.cat`` that appends to a
+    longer tensor keeps its result, when it fits a bucket, padded to the
+    bucket, so a sequence grown a step at a time (a KV cache, generated ids)
+    builds programs per bucket, not per length; the values are the same. Used as a context manager, the
     previous sizes come back on exit. ``TPU_RS_SHAPE_BUCKETS`` sets them
     for a process."""
     if buckets is None:
