@@ -418,3 +418,49 @@ def test_integer_division_by_a_power_computed_on_the_device(mode):
     for rounding_mode in ("floor", "trunc"):
         assert_close(torch.div(xt, 2**nt, rounding_mode=rounding_mode), torch.div(x, 2**n, rounding_mode=rounding_mode))
     assert_close(xt // (2**nt), x // (2**n))
+
+
+@pytest.mark.parametrize(
+    "weights", [None, torch.float32, torch.float64, torch.int64, torch.float16], ids=["counts", "f32", "f64", "i64", "f16"]
+)
+def test_bincount_matches_cpu(mode, weights):
+    """Counts (or weight sums, in the CPU's result dtype) up to the largest
+    value or ``minlength``; bad inputs raise the CPU's exception class."""
+    x = torch.randint(0, 7, (20,))
+    w = None if weights is None else (torch.rand(20) * 4).to(weights)
+    for minlength in (0, 12):
+        got = torch.bincount(x.to("tpu"), None if w is None else w.to("tpu"), minlength=minlength)
+        assert_close(got, torch.bincount(x, w, minlength=minlength))
+    empty = torch.tensor([], dtype=torch.int64)
+    assert_close(torch.bincount(empty.to("tpu"), minlength=3), torch.bincount(empty, minlength=3))
+    for bad in (torch.tensor([-1, 2]), torch.tensor([[1]]), torch.tensor([1.5])):
+        with pytest.raises(Exception) as cpu_error:
+            torch.bincount(bad)
+        with pytest.raises(cpu_error.type):
+            torch.bincount(bad.to("tpu"))
+
+
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int16, torch.int16)])
+def test_gcd_and_lcm_match_cpu(mode, dtypes):
+    a = torch.randint(-1000, 1000, (40,), dtype=dtypes[0])
+    b = torch.randint(-1000, 1000, (40,), dtype=dtypes[1])
+    a[:4], b[:4] = torch.tensor([0, 0, 7, 89]), torch.tensor([0, 5, 0, 144])
+    for op in (torch.gcd, torch.lcm):
+        assert_close(op(a.to("tpu"), b.to("tpu")), op(a, b))
+    big = torch.tensor([2**62 - 57, 2**61 * 3], dtype=torch.int64)
+    assert_close(torch.gcd(big.to("tpu"), big.flip(0).to("tpu")), torch.gcd(big, big.flip(0)))
+    with pytest.raises(NotImplementedError):
+        torch.gcd(torch.ones(2, device="tpu"), torch.ones(2, device="tpu"))
+
+
+def test_unique_along_a_dim_matches_cpu(mode):
+    x = torch.randint(0, 3, (6, 4))
+    x[3] = x[1]
+    for dim in (0, 1, -1):
+        for kwargs in ({}, dict(return_inverse=True, return_counts=True)):
+            got, want = torch.unique(x.to("tpu"), dim=dim, **kwargs), torch.unique(x, dim=dim, **kwargs)
+            for g, w in zip(got if kwargs else [got], want if kwargs else [want]):
+                assert_close(g, w)
+        got = torch.unique_consecutive(x.to("tpu"), dim=dim, return_inverse=True, return_counts=True)
+        for g, w in zip(got, torch.unique_consecutive(x, dim=dim, return_inverse=True, return_counts=True)):
+            assert_close(g, w)

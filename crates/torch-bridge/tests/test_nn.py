@@ -229,3 +229,46 @@ def test_weight_norm_gradients_match_cpu(mode, make, shape):
     assert_close(out_t, out.detach())
     for (name, p), q in zip(cpu.named_parameters(), tpu.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(
+    "bag_mode, sample_weights, padding_idx, by_freq",
+    [("sum", False, None, False), ("sum", True, 2, False), ("sum", False, 2, True), ("mean", False, None, True),
+     ("mean", False, 2, False), ("max", False, None, False), ("max", False, 2, False)],
+)
+def test_embedding_bag_gradients_match_cpu(mode, bag_mode, sample_weights, padding_idx, by_freq):
+    """Bags of several sizes (one empty), a padding index and repeated
+    indices: the weight's and the sample weights' gradients."""
+    bag = torch.nn.EmbeddingBag(10, 4, mode=bag_mode, padding_idx=padding_idx, scale_grad_by_freq=by_freq)
+    tpu_bag = copy.deepcopy(bag).to("tpu")
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 2]), torch.tensor([0, 4, 4, 6])
+    w = torch.rand(9, requires_grad=True) if sample_weights else None
+    tw = w.detach().to("tpu").requires_grad_() if sample_weights else None
+    out = bag(indices, offsets, per_sample_weights=w)
+    tpu_out = tpu_bag(indices.to("tpu"), offsets.to("tpu"), per_sample_weights=tw)
+    g = torch.randn(out.shape)
+    (out * g).sum().backward()
+    (tpu_out * g.to("tpu")).sum().backward()
+    assert_close(tpu_out, out.detach())
+    assert_close(tpu_bag.weight.grad, bag.weight.grad)
+    if sample_weights:
+        assert_close(tw.grad, w.grad)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape, weighted", [((6, 5), False), ((6, 5), True), ((5,), False)])
+def test_multi_margin_loss_and_its_gradient_match_cpu(mode, p, reduction, shape, weighted):
+    x = torch.randn(shape, requires_grad=True)
+    target = torch.randint(0, 5, shape[:-1])
+    weight = torch.rand(5) if weighted else None
+    tx = x.detach().to("tpu").requires_grad_()
+    loss = F.multi_margin_loss(x, target, p=p, margin=0.7, weight=weight, reduction=reduction)
+    tpu_loss = F.multi_margin_loss(
+        tx, target.to("tpu"), p=p, margin=0.7, weight=None if weight is None else weight.to("tpu"), reduction=reduction
+    )
+    g = torch.randn(loss.shape)
+    (loss * g).sum().backward()
+    (tpu_loss * g.to("tpu")).sum().backward()
+    assert_close(tpu_loss, loss.detach())
+    assert_close(tx.grad, x.grad)

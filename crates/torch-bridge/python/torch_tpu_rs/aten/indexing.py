@@ -344,10 +344,24 @@ def unique2(self, sorted=True, return_inverse=False, return_counts=False):
     return uniques, inverse.reshape(self.shape), counts
 
 
+@kernel("unique_dim")
+def unique_dim(self, dim, sorted=True, return_inverse=False, return_counts=False):
+    """Distinct slices along ``dim``: read to the host like ``nonzero`` (how
+    many there are is the output's shape)."""
+    out = torch.ops.aten.unique_dim(_C.to_cpu(self), dim, sorted, return_inverse, return_counts)
+    return tuple(t.to(self.device) for t in out)
+
+
+@kernel("unique_dim_consecutive")
+def unique_dim_consecutive(self, dim, return_inverse=False, return_counts=False):
+    out = torch.ops.aten.unique_dim_consecutive(_C.to_cpu(self), dim, return_inverse, return_counts)
+    return tuple(t.to(self.device) for t in out)
+
+
 @kernel("unique_consecutive")
 def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
     if dim is not None and self.ndim > 1:
-        raise NotImplementedError("aten::unique_consecutive with dim is not implemented for the tpu device")
+        return unique_dim_consecutive(self, dim, return_inverse, return_counts)
     flat = self.reshape(-1)
     uniques, inverse, counts = _unique_from_runs(flat, _runs(flat))
     return uniques, inverse.reshape(self.shape), counts

@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from .registry import aten, kernel, raw
+from .registry import _TYPE_NAMES, aten, kernel, raw
 
 
 # ---- Matrix products. ----
@@ -530,6 +530,56 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     return out, bag, size, torch.zeros(bags, dtype=torch.int64, device=weight.device)
 
 
+@kernel("_embedding_bag_dense_backward")
+def _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    """Each index's row gets its bag's gradient: scaled by its sample
+    weight (sum) or divided by the bag's size (mean); for the maximum, each
+    bag's gradient goes to the row its value came from. ``padding_idx``
+    rows get nothing; with ``scale_grad_by_freq`` a row's share is divided
+    by how often its index occurs."""
+    dim = grad.shape[1]
+    indices = indices.reshape(-1)
+    out = torch.zeros((num_weights, dim), dtype=grad.dtype, device=grad.device)
+    if mode == 2:
+        filled = (bag_size > 0).unsqueeze(1).to(grad.dtype)
+        return out.scatter_add(0, maximum_indices.clamp(min=0), grad * filled)
+    keep = torch.ones(indices.shape, dtype=torch.bool, device=grad.device)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = indices != padding_idx
+    scale = keep.to(grad.dtype)
+    if mode == 1:
+        scale = scale / bag_size[offset2bag].clamp(min=1).to(grad.dtype)
+    elif per_sample_weights is not None:
+        scale = scale * per_sample_weights.reshape(-1).to(grad.dtype)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=grad.dtype, device=grad.device).index_add(0, indices, keep.to(grad.dtype))
+        scale = scale / counts[indices].clamp(min=1)
+    return out.index_add(0, indices, grad[offset2bag] * scale.unsqueeze(1))
+
+
+@kernel("_embedding_bag_backward")
+def _embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("aten::_embedding_bag_backward with sparse=True is not implemented for the tpu device")
+    return _embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@kernel("_embedding_bag_per_sample_weights_backward")
+def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """Each sample weight's gradient: its bag's gradient dotted with its
+    row (sum mode only, as on the CPU); 0 for ``padding_idx``."""
+    if mode != 0:
+        raise RuntimeError("embedding_bag_backward: per_sample_weights only supported for mode='sum' (tpu)")
+    indices = indices.reshape(-1)
+    dots = (grad[offset2bag] * weight[indices]).sum(1)
+    if padding_idx is not None and padding_idx >= 0:
+        dots = torch.where(indices == padding_idx, 0, dots)
+    return dots
+
+
 @kernel("embedding_dense_backward")
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     if scale_grad_by_freq:
@@ -545,6 +595,56 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
         rows = run("mul", [rows, keep])
     zeros = run("full", [], {"shape": [num_weights, d], "dtype": grad_output.dtype, "value": 0.0})
     return run("index_add", [zeros, flat_idx, rows], {"dim": 0})
+
+
+def _margin_terms(self, target, p, margin, weight):
+    """Multi-margin loss over classes: each wrong class ``j``'s term
+    ``z = margin - x[y] + x[j]`` where positive, and the rows, classes and
+    flat targets; checked as on the CPU."""
+    x = self.reshape(-1, self.shape[-1] if self.dim() else 1)
+    n, c = x.shape
+    if target.dim() > 1 or target.numel() != n:
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input samples "
+            f"(batch size). Expected target size [{n}], but got {list(target.shape)} (tpu)"
+        )
+    if target.dtype != torch.int64:
+        raise RuntimeError(f"expected scalar type Long but found {_TYPE_NAMES.get(target.dtype, target.dtype)} (tpu)")
+    if weight is not None and (weight.dim() != 1 or weight.numel() != c):
+        raise RuntimeError(f"inconsistent weight size, expected {c} but got {list(weight.shape)} (tpu)")
+    t = target.reshape(-1)
+    z = margin - x.gather(1, t.unsqueeze(1)) + x
+    wrong = torch.arange(c, device=x.device) != t.unsqueeze(1)
+    return torch.where((z > 0) & wrong, z, 0), n, c, t
+
+
+@kernel("multi_margin_loss")
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=1):
+    z, n, c, t = _margin_terms(self, target, p, margin, weight)
+    terms = z if p == 1 else z * z
+    if weight is not None:
+        terms = terms * weight[t].unsqueeze(1).to(terms.dtype)
+    loss = terms.sum(1) / c
+    if reduction == 0:
+        return loss.reshape(target.shape)
+    return loss.mean() if reduction == 1 else loss.sum()
+
+
+@kernel("multi_margin_loss_backward")
+def multi_margin_loss_backward(grad_output, self, target, p, margin, weight=None, reduction=1):
+    """Each wrong class with a positive term ``z`` gets ``p * z**(p - 1) /
+    C`` (times the target's weight); the target class gets minus their
+    sum."""
+    z, n, c, t = _margin_terms(self, target, p, margin, weight)
+    g = (2 * z if p == 2 else (z > 0).to(z.dtype)) / c
+    if weight is not None:
+        g = g * weight[t].unsqueeze(1).to(g.dtype)
+    g = g - torch.nn.functional.one_hot(t, c).to(g.dtype) * g.sum(1, keepdim=True)
+    if reduction == 0:
+        g = g * grad_output.reshape(-1, 1)
+    else:
+        g = g * (grad_output / n if reduction == 1 else grad_output)
+    return g.reshape(self.shape)
 
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}

@@ -194,6 +194,33 @@ def logcumsumexp(self, dim):
     return run("logcumsumexp", [self], {"dim": dim})
 
 
+@kernel("bincount")
+def bincount(self, weights=None, minlength=0):
+    """How often each value ``0..max`` occurs (``weights`` summed instead
+    when given: float32 stays float32, other weights sum in float64, as on
+    the CPU). The length is read from the data."""
+    if self.dim() != 1 or self.dtype.is_floating_point or self.dtype == torch.bool:
+        if self.dtype.is_floating_point:
+            raise NotImplementedError(f'"bincount" not implemented for {self.dtype} on the tpu device')
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != self.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    length = minlength
+    if self.numel():
+        low, high = (int(v) for v in torch.aminmax(self))
+        if low < 0:
+            raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+        length = max(length, high + 1)
+    if weights is None:
+        dtype, values = torch.int64, torch.ones(self.shape, dtype=torch.int64, device=self.device)
+    else:
+        dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+        values = weights.to(dtype)
+    return torch.zeros(length, dtype=dtype, device=self.device).index_add(0, self, values)
+
+
 @kernel("histc")
 def histc(self, bins=100, min=0, max=0):
     """Equal-width bins over ``[min, max]`` (the data's range when both are
