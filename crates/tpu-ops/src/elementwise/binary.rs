@@ -394,9 +394,18 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
     } else {
         b.op1("stablehlo.optimization_barrier", &[&r], "", r.ty().clone())
     };
-    let q = b.binary("stablehlo.divide", &l, &r);
     if dtype.is_float() {
-        return match mode {
+        // A half-precision quotient rounds to 8 or 11 bits, which can carry
+        // it across an integer (2.99 -> 3.0): divide in f32, where the
+        // quotient of two half values stays on its side.
+        let wide = if dtype.size_in_bytes() < 4 {
+            DType::F32
+        } else {
+            dtype
+        };
+        let (l, r) = (b.convert(&l, wide), b.convert(&r, wide));
+        let q = b.binary("stablehlo.divide", &l, &r);
+        let rounded = match mode {
             Rounding::Floor => b.unary("stablehlo.floor", &q),
             Rounding::Trunc => {
                 // trunc(q) = sign(q) * floor(|q|)
@@ -406,7 +415,9 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
                 b.binary("stablehlo.multiply", &sign, &mag)
             }
         };
+        return b.convert(&rounded, dtype);
     }
+    let q = b.binary("stablehlo.divide", &l, &r);
     if mode == Rounding::Trunc {
         return q;
     }
