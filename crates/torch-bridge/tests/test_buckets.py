@@ -230,3 +230,32 @@ def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name):
             built = _built() - before
     assert torch.equal(got.cpu(), want)
     assert built <= 16, built
+
+
+@pytest.mark.parametrize("name", ["mistral", "bart"])
+def test_generate_of_a_left_padded_batch_with_buckets_gives_cpus_tokens(mode, name):
+    """A batch of two prompts, one left-padded, so Hugging Face passes an
+    attention mask; a sliding window (Mistral) and an encoder-decoder
+    (BART) with its cross-attention cache."""
+    torch.manual_seed(0)
+    if name == "mistral":
+        config = transformers.MistralConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, vocab_size=128, max_position_embeddings=128, sliding_window=8,
+        )
+        model = transformers.MistralForCausalLM(config).eval()
+    else:
+        config = transformers.BartConfig(
+            encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, d_model=32,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128, max_position_embeddings=128,
+        )
+        model = transformers.BartForConditionalGeneration(config).eval()
+    prompt = (torch.arange(12) * 7 + 3).remainder(128).unsqueeze(0).repeat(2, 1)
+    mask = torch.ones_like(prompt)
+    mask[1, :3] = 0
+    kwargs = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(prompt, attention_mask=mask, **kwargs)
+        with torch.tpu.set_shape_buckets("pow2"):
+            got = copy.deepcopy(model).to("tpu").generate(prompt.to("tpu"), attention_mask=mask.to("tpu"), **kwargs)
+    assert torch.equal(got.cpu(), want)
