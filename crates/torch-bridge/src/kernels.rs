@@ -94,6 +94,7 @@ pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Resu
     let outputs = crate::profile::from_python(|| {
         policy::call(name, inputs, attrs, Some(Device::Tpu(device)))
     })?;
+    crate::replay::note_call(name, inputs, attrs, device, &outputs);
     Ok(outputs)
 }
 

@@ -18,6 +18,7 @@ mod kernels;
 mod ops;
 mod profile;
 mod random;
+mod replay;
 mod storage;
 mod torch;
 mod writes;
@@ -64,6 +65,9 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Shown through Python's warnings, at the user's line.
     tpu_core::recompile::collect_warnings();
     m.add_class::<Storage>()?;
+    m.add_class::<replay::Replay>()?;
+    m.add_function(wrap_pyfunction!(replay::record_start, m)?)?;
+    m.add_function(wrap_pyfunction!(replay::record_stop, m)?)?;
     m.add_class::<dist::DistStore>()?;
     m.add_class::<dist::DistGroup>()?;
     m.add_function(wrap_pyfunction!(dist::local_ip_towards, m)?)?;

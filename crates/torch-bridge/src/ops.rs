@@ -111,6 +111,7 @@ fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
     if value.device() == Device::Tpu(device) {
         return Ok(value);
     }
+    crate::replay::note_unreplayable("a value moves between devices");
     Ok(Tensor::from_buffer(
         value.elements()?.copy_to_device(device)?,
     ))
@@ -151,6 +152,7 @@ pub fn vjp<'py>(
     grads: &Bound<'py, PyList>,
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+    crate::replay::note_unreplayable("a backward rule runs");
     crate::profile::from_python(|| vjp_here(py, op, inputs, grads, attrs))
 }
 

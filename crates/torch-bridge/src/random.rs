@@ -78,6 +78,7 @@ pub fn fill_random(
     out: &Bound<'_, PyAny>,
     attrs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
+    crate::replay::note_unreplayable("random numbers are drawn");
     let view = View::of(out)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
     let storage = view.storage.get();
     let mut attrs = self::attrs(attrs)?;

@@ -237,7 +237,9 @@ impl Storage {
             )));
         }
         crate::writes::note(&value);
-        *self.lock() = Slot {
+        let mut slot = self.lock();
+        crate::replay::note_write(slot.compact.as_ref());
+        *slot = Slot {
             compact: Some(value),
             padded: None,
         };

@@ -250,6 +250,7 @@ pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
 
 /// `value`'s elements in host memory, shaped as the value.
 pub fn host_copy(value: &Tensor) -> Result<HostBuffer> {
+    crate::replay::note_unreplayable("a value is read back to the host");
     // The buffer may be shared with a reshape of it: the value's shape rules.
     Ok(HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?)
 }

@@ -4,29 +4,74 @@ recorded and compiled as one fused program (cached by its structure)::
 
     model = torch.compile(model, backend="tpu_rs")
 
+The first run of a graph for given input layouts also records the tpu-rs
+calls its aten kernels make; later runs replay them from Rust, without
+going through PyTorch's dispatcher and the Python kernels op by op. A run
+that reads values back, draws random numbers, writes into its inputs or
+runs a backward rule of the bridge's is not recorded, and runs as the
+first did.
+
 It is also registered as ``"tpu"``, the name Hugging Face's ``generate``
 compiles a tpu model's decode step with when it uses a static KV cache.
 """
+
+import contextlib
 
 import torch
 
 from . import _C
 
 
+@contextlib.contextmanager
+def _deferred():
+    previous = _C.eager_mode()
+    if previous == "defer_and_fuse":
+        # Already deferring: the graph joins the surrounding work.
+        yield
+        return
+    _C.set_eager_mode("defer_and_fuse")
+    try:
+        yield
+    finally:
+        # Switching back runs the recorded graph as one program.
+        _C.set_eager_mode(previous)
+
+
+def _layouts(args):
+    """The inputs' layouts, or None when one is not a tpu tensor."""
+    key = []
+    for a in args:
+        if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
+            return None
+        key.append((a.dtype, a.device, tuple(a.shape), a.stride(), a.storage_offset()))
+    return tuple(key)
+
+
 def _fused(graph_module, example_inputs):
     from torch._functorch.aot_autograd import make_boxed_func
 
+    replays = {}
+
     def run(*args):
-        previous = _C.eager_mode()
-        if previous == "defer_and_fuse":
-            # Already deferring: the graph joins the surrounding work.
-            return graph_module(*args)
-        _C.set_eager_mode("defer_and_fuse")
-        try:
-            return graph_module(*args)
-        finally:
-            # Switching back runs the recorded graph as one program.
-            _C.set_eager_mode(previous)
+        key = _layouts(args)
+        with _deferred():
+            if key is not None and replays.get(key) is not None:
+                return [t.as_strided(size, stride, offset) for t, size, stride, offset in replays[key].run(list(args))]
+            if key is None or key in replays:
+                return graph_module(*args)
+            _C.record_start(list(args))
+            try:
+                out = graph_module(*args)
+            finally:
+                replay = None
+                try:
+                    outs = out if isinstance(out, (list, tuple)) else None
+                    if outs is not None and all(isinstance(t, torch.Tensor) for t in outs):
+                        replay = _C.record_stop(list(outs))
+                finally:
+                    _C.record_stop([]) if replay is None else None
+            replays[key] = replay
+            return out
 
     return make_boxed_func(run)
 

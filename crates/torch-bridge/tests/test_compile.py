@@ -1,0 +1,92 @@
+"""``torch.compile(backend="tpu_rs")``: a graph's first run records the
+tpu-rs calls its kernels make and later runs replay them. Every run must
+give the CPU's values: new input values, training steps, random numbers,
+inputs written in place and host reads inside the graph."""
+
+import copy
+
+import pytest
+import torch
+import torch_tpu_rs
+
+from conftest import assert_close
+
+
+def _metrics_executions():
+    return torch.tpu.metrics()["executions"]
+
+
+def test_replayed_runs_follow_new_inputs_and_train_like_the_cpu(mode):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    tpu_model = copy.deepcopy(model).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=0.1)
+    compiled = torch.compile(tpu_model, backend="tpu_rs")
+    for step in range(4):
+        x = torch.randn(5, 8)
+        loss = model(x).square().mean()
+        tpu_loss = compiled(x.to("tpu")).square().mean()
+        assert_close(tpu_loss, loss.detach())
+        loss.backward()
+        tpu_loss.backward()
+        for p, q in zip(model.parameters(), tpu_model.parameters()):
+            assert_close(q.grad, p.grad)
+        opt.step()
+        tpu_opt.step()
+        opt.zero_grad()
+        tpu_opt.zero_grad()
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5, 8)
+            assert_close(compiled(x.to("tpu")), model(x))
+
+
+def test_graphs_that_cannot_be_replayed_still_run_each_time(mode):
+    """Random numbers differ per call; a value read back inside the graph
+    and an input written in place are seen as on the CPU."""
+    torch._dynamo.reset()
+
+    def noisy(x):
+        return x + torch.rand_like(x)
+
+    compiled = torch.compile(noisy, backend="tpu_rs")
+    x = torch.zeros(1000, device="tpu")
+    a, b = compiled(x), compiled(x)
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert 0.4 < float(a.mean()) < 0.6
+
+    def bump(buf, x):
+        buf.add_(x)
+        return buf * 2
+
+    compiled = torch.compile(bump, backend="tpu_rs")
+    buf, cpu_buf = torch.zeros(3, device="tpu"), torch.zeros(3)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert_close(compiled(buf, x.to("tpu")), bump(cpu_buf, x))
+        assert_close(buf, cpu_buf)
+
+
+def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(monkeypatch):
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return torch.tanh(x @ w).sum(0) * 3 - x.mean()
+
+    compiled = torch.compile(f, backend="tpu_rs")
+    x, w = torch.randn(4, 6), torch.randn(6, 5)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x.to("tpu"), w.to("tpu"))
+        x, w = x.to("tpu"), w.to("tpu")
+        torch.tpu.synchronize()
+        kernel_calls = []
+        run = torch_tpu_rs._C.run
+        monkeypatch.setattr(torch_tpu_rs._C, "run", lambda *a, **k: kernel_calls.append(a[0]) or run(*a, **k))
+        before = _metrics_executions()
+        got = compiled(x, w)
+        torch.tpu.synchronize()
+        assert _metrics_executions() - before == 1
+        assert kernel_calls == []
+    assert_close(got, f(x.cpu(), w.cpu()))
