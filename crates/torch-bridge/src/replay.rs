@@ -127,6 +127,10 @@ pub fn note_write(old: Option<&Tensor>) {
     }
 }
 
+/// A replayed output: a contiguous tensor over its storage, and the view's
+/// size, stride and offset.
+type Placed<'py> = (Bound<'py, PyAny>, Vec<usize>, Vec<usize>, usize);
+
 /// A recorded graph: its calls, and where each output's elements are.
 #[pyclass(module = "torch_tpu_rs._C", frozen)]
 pub struct Replay {
@@ -192,11 +196,7 @@ impl Replay {
     /// The graph's outputs for tpu tensors `inputs` (laid out as the
     /// recorded run's), each as `(tensor, size, stride, offset)`: a
     /// contiguous tensor holding the output's storage and the view of it.
-    fn run<'py>(
-        &self,
-        py: Python<'py>,
-        inputs: &Bound<'py, PyList>,
-    ) -> PyResult<Vec<(Bound<'py, PyAny>, Vec<usize>, Vec<usize>, usize)>> {
+    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyList>) -> PyResult<Vec<Placed<'py>>> {
         let mut values = Vec::with_capacity(inputs.len());
         for t in inputs.iter() {
             let view = View::of(&t)?
