@@ -153,7 +153,13 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
             rec.broken = Some(format!("graph input {i} is held padded"));
             break;
         }
-        rec.inputs.insert(storage.value()?.id(), i);
+        // A value two inputs share, or one the graph may also use as a
+        // constant (a shared scalar), cannot be traced to one input.
+        let value = storage.value()?;
+        if tpu_core::scalars::is_shared(&value) || rec.inputs.insert(value.id(), i).is_some() {
+            rec.broken = Some(format!("graph input {i}'s value is shared"));
+            break;
+        }
     }
     *recording() = Some(rec);
     Ok(())

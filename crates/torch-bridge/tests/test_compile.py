@@ -90,3 +90,24 @@ def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(mon
         assert _metrics_executions() - before == 1
         assert kernel_calls == []
     assert_close(got, f(x.cpu(), w.cpu()))
+
+
+@pytest.mark.parametrize("shared", ["clone", "scalar"])
+def test_inputs_sharing_a_value_are_told_apart(mode, shared):
+    """A clone shares its source's value until written, and a filled 0-d
+    tensor may hold the same value as a literal in the graph: later calls
+    with other tensors must still see their own values."""
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return a * 2 + b * 3 + 2.0
+
+    compiled = torch.compile(f, backend="tpu_rs")
+    a = torch.randn(4, device="tpu")
+    if shared == "clone":
+        compiled(a, a.clone())
+    else:
+        compiled(a, torch.zeros((), device="tpu").fill_(2.0))
+    for _ in range(3):
+        a, b = torch.randn(4), torch.randn(4 if shared == "clone" else ())
+        assert_close(compiled(a.to("tpu"), b.to("tpu")), f(a, b))

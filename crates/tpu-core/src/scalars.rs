@@ -55,3 +55,12 @@ pub fn scalar(dtype: DType, value: f64, device: Device) -> Result<Tensor> {
     cache.slots.insert(key, (t.clone(), now));
     Ok(t)
 }
+
+/// Whether `t` is one of the shared scalars (other holders of it are not
+/// its only users).
+pub fn is_shared(t: &Tensor) -> bool {
+    let cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .as_ref()
+        .is_some_and(|c| c.slots.values().any(|(s, _)| s.same(t)))
+}
