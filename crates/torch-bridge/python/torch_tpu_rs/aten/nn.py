@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from .registry import _TYPE_NAMES, aten, kernel, raw
+from .registry import _TYPE_NAMES, above_autograd, aten, kernel, raw
 
 
 # ---- Matrix products. ----
@@ -722,6 +722,7 @@ def _fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     return 0  # SDPBackend.math
 
 
+@above_autograd("scaled_dot_product_attention")
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention``: PyTorch's own (its math path, in
     ops the device has), except for inference over a key and value held
@@ -767,9 +768,6 @@ def _over_padded_keys(query, key, value, attn_mask, dropout_p, enable_gqa):
         and (attn_mask is None or (attn_mask.dtype in (torch.bool, query.dtype) and attn_mask.shape[-1] in (1, key.shape[-2])))
     )
 
-
-_autograd_lib = torch.library.Library("aten", "IMPL")
-_autograd_lib.impl("scaled_dot_product_attention", _scaled_dot_product_attention, "AutogradPrivateUse1")
 
 
 @kernel("_scaled_dot_product_flash_attention_for_cpu")

@@ -152,6 +152,18 @@ def raw(*names):
     return register
 
 
+def above_autograd(name):
+    """Registers ``fn`` for ``name`` at the autograd key of the ``tpu``
+    device: it runs before PyTorch's autograd (or its composite
+    decomposition) would, and decides itself what to hand on."""
+
+    def register(fn):
+        _lib.impl(name, fn, "AutogradPrivateUse1")
+        return fn
+
+    return register
+
+
 def _redispatching(names, keys):
     """Registers ``names`` as the same op run under ``keys`` instead."""
     for name in names:

@@ -6,7 +6,7 @@ import math
 import torch
 
 from .. import _C, tpu
-from .registry import aten, raw, rebind, view
+from .registry import above_autograd, aten, raw, rebind, view
 
 view(
     "view",
@@ -122,11 +122,6 @@ def zero_(self):
 # of such backends does not name PrivateUse1; without this, every parameter
 # becomes a new object and weights tied between modules come apart. Dense
 # CPU and tpu tensors share one TensorImpl kind.
-_autograd_lib = torch.library.Library("aten", "IMPL")
-
-
+@above_autograd("_has_compatible_shallow_copy_type")
 def _has_compatible_shallow_copy_type(self, from_):
     return self.layout == torch.strided and from_.layout == torch.strided
-
-
-_autograd_lib.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "AutogradPrivateUse1")
