@@ -25,7 +25,7 @@ use tpu_core::{DType, Tensor};
 use crate::args::scalar;
 use crate::error::{BridgeError, Result};
 use crate::kernels::{call1, cast};
-use crate::storage::{Padded, Storage};
+use crate::storage::Padded;
 use crate::torch::{View, dtype_of, wrap, wrap_padded};
 
 /// The environment variable that turns buckets on for a process.
@@ -202,12 +202,11 @@ impl Plan {
 
     /// The first input, padded to the capacity, and its length.
     fn start(&self, view: &View, dtype: DType) -> Result<(Tensor, usize)> {
-        let storage: &Storage = view.storage.get();
-        let held = storage.padded().filter(|p| {
-            p.dim == self.dim
-                && p.shape() == view.layout.size
-                && view.layout.covers(storage.numel())
-        });
+        let held = view
+            .storage
+            .get()
+            .padded_as(&view.layout)
+            .filter(|p| p.dim == self.dim);
         let (value, len) = match held {
             Some(p) => (p.value, p.len),
             None => (view.read()?, view.layout.size[self.dim]),
@@ -265,13 +264,7 @@ pub fn padded_keys<'py>(
 
 /// The padded value of a tpu tensor that views all of a padded storage.
 fn held_padded(t: &Bound<'_, PyAny>) -> Result<Option<Padded>> {
-    let Some(view) = View::of(t)? else {
-        return Ok(None);
-    };
-    let storage = view.storage.get();
-    Ok(storage
-        .padded()
-        .filter(|p| p.shape() == view.layout.size && view.layout.covers(storage.numel())))
+    Ok(View::of(t)?.and_then(|view| view.storage.get().padded_as(&view.layout)))
 }
 
 #[cfg(test)]

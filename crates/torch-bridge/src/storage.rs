@@ -174,6 +174,13 @@ impl Storage {
         self.lock().padded.clone()
     }
 
+    /// The padded value, when the storage holds one and `layout` views all
+    /// of its elements in their shape.
+    pub fn padded_as(&self, layout: &Layout) -> Option<Padded> {
+        self.padded()
+            .filter(|p| p.shape() == layout.size && layout.covers(self.numel))
+    }
+
     /// A storage holding `value`'s elements.
     pub fn holding(value: Tensor) -> Result<Storage> {
         let Device::Tpu(device) = value.device() else {
