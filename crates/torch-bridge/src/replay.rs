@@ -92,7 +92,7 @@ fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
 /// Notes op call `op` on `inputs` giving `outputs`, while recording.
 pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outputs: &[Tensor]) {
     let mut slot = recording();
-    let Some(rec) = Recording::here(&mut slot) else {
+    let Some(rec) = Recording::here(&mut slot).filter(|r| r.broken.is_none()) else {
         return;
     };
     let sources = inputs.iter().map(|t| rec.source(t)).collect();
@@ -166,10 +166,11 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
 }
 
 /// Stops recording; the replay of the run that gave `outputs`, or `None`
-/// when it cannot be replayed.
+/// when it cannot be replayed (or `outputs` is `None`: the run failed or
+/// returned something other than tensors).
 #[pyfunction]
-pub fn record_stop(outputs: &Bound<'_, PyList>) -> PyResult<Option<Replay>> {
-    let Some(rec) = recording().take() else {
+pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Replay>> {
+    let (Some(rec), Some(outputs)) = (recording().take(), outputs) else {
         return Ok(None);
     };
     if rec.broken.is_some() {

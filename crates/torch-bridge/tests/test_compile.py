@@ -111,3 +111,23 @@ def test_inputs_sharing_a_value_are_told_apart(mode, shared):
     for _ in range(3):
         a, b = torch.randn(4), torch.randn(4 if shared == "clone" else ())
         assert_close(compiled(a.to("tpu"), b.to("tpu")), f(a, b))
+
+
+def test_a_graph_that_raises_keeps_its_error_and_runs_again():
+    from torch_tpu_rs._compile import _fused
+
+    calls = []
+
+    def graph(x):
+        calls.append(x)
+        if len(calls) == 1:
+            raise ValueError("boom")
+        return [x * 2]
+
+    run = _fused(graph, None)
+    x = torch.ones(3, device="tpu")
+    with pytest.raises(ValueError, match="boom"):
+        run([x])
+    for _ in range(2):  # recorded, then replayed
+        assert_close(run([x])[0], torch.full((3,), 2.0))
+    assert len(calls) == 2

@@ -62,15 +62,11 @@ def _fused(graph_module, example_inputs):
             _C.record_start(list(args))
             try:
                 out = graph_module(*args)
-            finally:
-                replay = None
-                try:
-                    outs = out if isinstance(out, (list, tuple)) else None
-                    if outs is not None and all(isinstance(t, torch.Tensor) for t in outs):
-                        replay = _C.record_stop(list(outs))
-                finally:
-                    _C.record_stop([]) if replay is None else None
-            replays[key] = replay
+            except BaseException:
+                _C.record_stop(None)
+                raise
+            tensors = isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out)
+            replays[key] = _C.record_stop(list(out) if tensors else None)
             return out
 
     return make_boxed_func(run)
