@@ -116,6 +116,11 @@ impl View {
     /// The view of torch tensor `t`, or `None` when it is not on `tpu`.
     pub fn of(t: &Bound<'_, PyAny>) -> Result<Option<View>> {
         let py = t.py();
+        // Most non-tpu inputs are CPU tensors (PyTorch wraps Python numbers
+        // so); asking first spares raising and catching an AttributeError.
+        if t.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
+            return Ok(None);
+        }
         let storage = t.call_method0(intern!(py, "untyped_storage"))?;
         let Ok(handle) = storage.getattr(intern!(py, HANDLE)) else {
             return Ok(None);

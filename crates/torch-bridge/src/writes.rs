@@ -9,24 +9,35 @@ use tpu_core::{Tensor, WeakTensor};
 use crate::error::Result;
 
 /// Written values, held weakly: a value nobody holds needs no wait.
-static WRITTEN: Mutex<Vec<WeakTensor>> = Mutex::new(Vec::new());
+static WRITTEN: Mutex<Written> = Mutex::new(Written {
+    values: Vec::new(),
+    prune_at: MIN_PRUNE_AT,
+});
 
-/// Past this many entries, the ones no storage holds any more are dropped.
-const PRUNE_AT: usize = 4096;
+/// The fewest entries at which the ones no storage holds are dropped.
+const MIN_PRUNE_AT: usize = 4096;
+
+struct Written {
+    values: Vec<WeakTensor>,
+    /// The length at which to prune next: twice what the last pruning
+    /// kept, so that pruning costs O(1) per note however many values live.
+    prune_at: usize,
+}
 
 /// Notes that a storage now holds `value`.
 pub fn note(value: &Tensor) {
     let mut written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
-    if written.len() >= PRUNE_AT {
-        written.retain(|w| w.upgrade().is_some());
+    if written.values.len() >= written.prune_at {
+        written.values.retain(|w| w.is_alive());
+        written.prune_at = MIN_PRUNE_AT.max(2 * written.values.len());
     }
-    written.push(value.downgrade());
+    written.values.push(value.downgrade());
 }
 
 /// Blocks until every value noted since the last call exists on its device
 /// (pending work must be flushed first).
 pub fn wait_for_all() -> Result<()> {
-    let written = std::mem::take(&mut *WRITTEN.lock().unwrap_or_else(|e| e.into_inner()));
+    let written = std::mem::take(&mut WRITTEN.lock().unwrap_or_else(|e| e.into_inner()).values);
     for value in written.iter().filter_map(WeakTensor::upgrade) {
         value.elements()?.block_until_ready()?;
     }

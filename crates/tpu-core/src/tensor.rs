@@ -63,6 +63,11 @@ impl WeakTensor {
     pub fn upgrade(&self) -> Option<Tensor> {
         self.inner.upgrade().map(|inner| Tensor { inner })
     }
+
+    /// Whether anyone still holds the tensor (cheaper than `upgrade`).
+    pub fn is_alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
