@@ -43,3 +43,35 @@ pub fn wait_for_all() -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use tpu_core::host::HostTensor;
+    use tpu_core::{DType, Device, Tensor};
+
+    use super::*;
+
+    #[test]
+    fn pruning_keeps_live_values_and_backs_off_as_they_grow() {
+        let value = || Tensor::from_host(HostTensor::scalar(DType::F32, 1.0), Device::Cpu).unwrap();
+        // More live values than the first pruning point: each pruning keeps
+        // them all, and the next waits until the list has doubled.
+        let live: Vec<Tensor> = (0..MIN_PRUNE_AT + 100).map(|_| value()).collect();
+        for v in &live {
+            note(v);
+        }
+        for _ in 0..live.len() {
+            note(&value());
+        }
+        let written = WRITTEN.lock().unwrap();
+        let alive = written.values.iter().filter(|w| w.is_alive()).count();
+        assert!(alive >= live.len(), "{alive}");
+        assert!(written.prune_at >= 2 * live.len(), "{}", written.prune_at);
+        // Dropped values were pruned, so the list is not every note made.
+        assert!(
+            written.values.len() < 2 * live.len(),
+            "{}",
+            written.values.len()
+        );
+    }
+}
