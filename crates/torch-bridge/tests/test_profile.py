@@ -121,6 +121,37 @@ def test_repeated_recompiles_warn_once_at_the_users_line(tmp_path):
     assert "input 0 dim 0" in message and "compiled 8 programs" in message, message
 
 
+TRAINS = """
+import json, warnings
+import torch, torch_tpu_rs
+torch.manual_seed(0)
+widths = [48, 40, 32, 24, 20, 16, 12, 8, 6, 4]
+layers = [torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+net = torch.nn.Sequential(*[m for l in layers for m in (l, torch.nn.Tanh())]).to("tpu")
+opt = torch.optim.AdamW(net.parameters())
+x = torch.randn(5, 48).to("tpu")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        loss = net(x).square().mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    loss.item()
+print(json.dumps([str(w.message) for w in caught if issubclass(w.category, torch_tpu_rs.RecompileWarning)]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_parameters_of_many_shapes_do_not_warn(tmp_path, mode):
+    """Nine layers of different sizes build programs for many shapes of
+    each op, each once: that is no shape that keeps changing."""
+    script = tmp_path / "trains.py"
+    script.write_text(TRAINS)
+    env = dict(os.environ, TPU_RS_EAGER=mode)
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+
+
 def test_the_report_prints_the_summary_and_the_counters(tmp_path, capsys):
     with torch.tpu.profile(tmp_path / "trace.json"):
         (torch.ones(4, 4, device="tpu") @ torch.ones(4, 4, device="tpu")).cpu()

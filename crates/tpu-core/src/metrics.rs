@@ -70,6 +70,9 @@ static CUTS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 static RECOMPILES: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static TO_DEVICE_BYTES: AtomicU64 = AtomicU64::new(0);
 static TO_HOST_BYTES: AtomicU64 = AtomicU64::new(0);
+/// Reads of device values by the host: the rounds of a program's work
+/// (never reset).
+static HOST_READS: AtomicU64 = AtomicU64::new(0);
 
 /// The trace counter of live device bytes.
 const LIVE_BYTES_COUNTER: &str = "live device bytes";
@@ -204,6 +207,12 @@ pub(crate) fn record_to_device(bytes: u64) {
 
 pub(crate) fn record_to_host(bytes: u64) {
     TO_HOST_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    HOST_READS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many times the host has read a device value so far.
+pub(crate) fn host_reads() -> u64 {
+    HOST_READS.load(Ordering::Relaxed)
 }
 
 pub(crate) fn device_alloc(bytes: u64) {

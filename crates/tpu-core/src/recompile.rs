@@ -2,10 +2,16 @@
 //! needs is compared with the last one built for the same op (or the same
 //! graph structure): the first input shape, dtype or attribute that
 //! differs is the reason. It goes to [`crate::metrics`], to the trace, and,
-//! once the same op or graph has been rebuilt [`WARN_AFTER`] times, to a
-//! warning that names the source line.
+//! to a warning that names the source line once programs of the same op or
+//! graph that differ from each other only in the same dimensions or
+//! attributes have been built in [`WARN_AFTER`] rounds (between host
+//! reads): a length that keeps changing from step to step. Many shapes
+//! within one round (an optimizer's step over parameters of many sizes)
+//! are each built once and warn about nothing.
 
 use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -67,42 +73,89 @@ pub struct Recompile {
     pub detail: String,
     /// Programs built so far for this op or graph.
     pub builds: u64,
+    /// Rounds (stretches between host reads) in which programs were built
+    /// that differ from the one before them in the same places as this one
+    /// (counting the first program's round).
+    pub varying: u64,
+    /// Whether this recompile is the one to warn about: the first of this
+    /// op or graph to reach [`WARN_AFTER`] rounds.
+    pub warn: bool,
 }
 
-/// Rebuilds of one op or graph after which a warning is printed (once).
+/// Rounds with programs of one op or graph differing only in the same
+/// places, after which a warning is printed (once per kind of change).
 pub const WARN_AFTER: u64 = 8;
 
+type OpTypes = (&'static str, Vec<TensorType>, Attrs);
+
 struct Built {
-    ops: Vec<(&'static str, Vec<TensorType>, Attrs)>,
+    ops: Vec<OpTypes>,
     builds: u64,
+    warned: bool,
 }
 
 /// Identities remembered; beyond this the table starts over (a program
 /// that keeps changing structure has no "same graph" to compare with).
 const MAX_TRACKED: usize = 4096;
 
-static BUILT: Mutex<Option<HashMap<u64, Built>>> = Mutex::new(None);
+#[derive(Default)]
+struct Table {
+    built: HashMap<u64, Built>,
+    /// The last program of each structure (op or graph, input dtypes and
+    /// ranks, attribute names): programs of one structure are compared with
+    /// each other even when programs of other structures come between.
+    /// ... and the round it was built in.
+    last_of_structure: HashMap<u64, (Vec<OpTypes>, u64)>,
+    /// Per kind of change (see [`variation`]): rounds counted, and the last.
+    varying: HashMap<u64, (u64, u64)>,
+}
+
+static BUILT: Mutex<Option<Table>> = Mutex::new(None);
 
 /// Notes that `ops` (one op, or a graph's ops in order) needed a new
 /// program under `identity` (the op, or the graph's structure). Returns the
 /// change from the previous program of the same identity, if there was one.
 pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
     let mut table = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let table = table.get_or_insert_with(HashMap::new);
-    if table.len() >= MAX_TRACKED && !table.contains_key(&identity) {
-        table.clear();
+    let table = table.get_or_insert_with(Table::default);
+    if table.built.len() >= MAX_TRACKED && !table.built.contains_key(&identity) {
+        *table = Table::default();
     }
-    let owned = ops
+    if table.last_of_structure.len() >= MAX_TRACKED || table.varying.len() >= MAX_TRACKED {
+        table.last_of_structure.clear();
+        table.varying.clear();
+    }
+    let owned: Vec<OpTypes> = ops
         .iter()
         .map(|s| (s.op, s.inputs.to_vec(), s.attrs.clone()))
         .collect();
-    match table.get_mut(&identity) {
+    let round = crate::metrics::host_reads();
+    let last = table
+        .last_of_structure
+        .insert(structure(identity, ops), (owned.clone(), round));
+    let varying = match last.and_then(|(ops_before, round_before)| {
+        Some((variation(identity, &ops_before, ops)?, round_before))
+    }) {
+        Some((kind, round_before)) => {
+            // The round of the program before the first change counts too.
+            let first = 1 + u64::from(round_before != round);
+            let (rounds, last_round) = table.varying.entry(kind).or_insert((first, round));
+            if *last_round != round {
+                *rounds += 1;
+                *last_round = round;
+            }
+            *rounds
+        }
+        None => 1,
+    };
+    match table.built.get_mut(&identity) {
         None => {
-            table.insert(
+            table.built.insert(
                 identity,
                 Built {
                     ops: owned,
                     builds: 1,
+                    warned: false,
                 },
             );
             None
@@ -111,20 +164,74 @@ pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
             let (reason, detail) = difference(&built.ops, ops);
             built.ops = owned;
             built.builds += 1;
+            let warn = varying >= WARN_AFTER && !built.warned;
+            built.warned |= warn;
             Some(Recompile {
                 reason,
                 detail,
                 builds: built.builds,
+                varying,
+                warn,
             })
         }
     }
 }
 
+/// What programs must share to be compared: the identity, each op's name,
+/// input dtypes and ranks, and attribute names.
+fn structure(identity: u64, ops: &[OpSignature<'_>]) -> u64 {
+    let mut h = DefaultHasher::new();
+    identity.hash(&mut h);
+    for s in ops {
+        s.op.hash(&mut h);
+        for input in s.inputs {
+            (input.dtype, input.shape.dims().len()).hash(&mut h);
+        }
+        for (key, _) in s.attrs.iter() {
+            key.hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// The kind of change from `before` to `now`, two programs of one
+/// [`structure`]: their signature with every dimension and attribute that
+/// changed left out, and which ones those were. A length that grows step by
+/// step changes the same places each time, so its programs share one kind.
+/// `None` when nothing stayed the same (unrelated shapes, such as an
+/// optimizer's step over parameters of many sizes, are no "varying length").
+fn variation(identity: u64, before: &[OpTypes], now: &[OpSignature<'_>]) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    identity.hash(&mut h);
+    let mut kept = false;
+    for ((_, inputs, attrs), s) in before.iter().zip(now) {
+        s.op.hash(&mut h);
+        for (a, b) in inputs.iter().zip(s.inputs) {
+            b.dtype.hash(&mut h);
+            for (&was, &dim) in a.shape.dims().iter().zip(b.shape.dims()) {
+                // A changed dimension hashes as a marker, not as its value.
+                let same = was == dim;
+                kept |= same;
+                same.hash(&mut h);
+                if same {
+                    dim.hash(&mut h);
+                }
+            }
+        }
+        for (key, value) in s.attrs.iter() {
+            let same = attrs.get(key) == Some(value);
+            kept |= same;
+            (key, same).hash(&mut h);
+            if same {
+                format!("{value:?}").hash(&mut h);
+            }
+        }
+    }
+    kept.then(|| h.finish())
+}
+
 /// The first difference between the previous program's ops and `now`.
-fn difference(
-    before: &[(&'static str, Vec<TensorType>, Attrs)],
-    now: &[OpSignature<'_>],
-) -> (RecompileReason, String) {
+fn difference(before: &[OpTypes], now: &[OpSignature<'_>]) -> (RecompileReason, String) {
     let many = now.len() > 1;
     for (i, ((op, inputs, attrs), s)) in before.iter().zip(now).enumerate() {
         let who = if many {
@@ -195,14 +302,14 @@ pub fn built(
             ("at", Detail::from(site.to_string())),
         ]
     });
-    if recompile.builds == WARN_AFTER {
+    if recompile.warn {
         warn(Warning {
             message: format!(
-                "{what} has compiled {} programs; the last because {}. Inputs whose shapes \
-                 change every call compile every time: pad them to a few sizes (from \
-                 PyTorch, `torch.tpu.set_shape_buckets` does it for tensors grown by \
-                 `torch.cat`; for generation, a static cache also does)",
-                recompile.builds, recompile.detail
+                "{what} has compiled {} programs that differ only where the last one did: \
+                 {}. Inputs whose shapes change every call compile every time: pad them to a \
+                 few sizes (from PyTorch, `torch.tpu.set_shape_buckets` does it for tensors \
+                 grown by `torch.cat`; for generation, a static cache also does)",
+                recompile.varying, recompile.detail
             ),
             site,
         });
@@ -290,6 +397,62 @@ mod tests {
         );
         let again = note_build(id, &[sig("softmax", &half, &other)]).unwrap();
         assert_eq!(again.reason, RecompileReason::Outputs);
+    }
+
+    #[test]
+    fn a_growing_length_counts_its_programs_even_between_other_shapes() {
+        let none = Attrs::new();
+        let id = 0x5eed_0003;
+        let mut warned_at = Vec::new();
+        for len in 1..=12 {
+            let cache = [TensorType::new(DType::F32, [1, 4, len, 32])];
+            let other = [TensorType::new(DType::F32, [len + 100])];
+            let built = note_build(id, &[sig("add", &cache, &none)]);
+            if built.as_ref().is_some_and(|r| r.warn) {
+                warned_at.push(len);
+            }
+            note_build(id, &[sig("add", &other, &none)]);
+            // One host read per step, as a decode loop's stopping check.
+            crate::metrics::record_to_host(0);
+        }
+        // Other tests' host reads can only add rounds, never remove them.
+        assert_eq!(warned_at.len(), 1, "{warned_at:?}");
+        assert!(warned_at[0] <= WARN_AFTER as usize, "{warned_at:?}");
+    }
+
+    #[test]
+    fn many_lengths_within_one_round_count_once() {
+        // Layers of many widths: one kind of change, all before a host read.
+        let attrs = Attrs::new().with("dim", 0i64);
+        let id = 0x5eed_0005;
+        let mut most = 0;
+        for width in [48, 40, 32, 24, 20, 16, 12, 8, 6, 4] {
+            let weight = [TensorType::new(DType::F32, [width, 7])];
+            let built = note_build(id, &[sig("softmax", &weight, &attrs)]);
+            most = most.max(built.map_or(1, |r| r.varying));
+        }
+        // Other tests' host reads may start a new round in between.
+        assert!(most < WARN_AFTER, "{most}");
+    }
+
+    #[test]
+    fn programs_over_unrelated_shapes_are_not_a_varying_length() {
+        // An optimizer's step over parameters of many sizes: each shape is
+        // built once, and no dimension stays while another changes.
+        let none = Attrs::new();
+        let id = 0x5eed_0004;
+        let mut most = 0;
+        for (rows, cols) in [(1024, 128), (128, 384), (384, 64), (64, 512), (512, 10)] {
+            for shape in [vec![rows, cols], vec![cols]] {
+                let param = [
+                    TensorType::new(DType::F32, shape),
+                    TensorType::new(DType::F32, []),
+                ];
+                let built = note_build(id, &[sig("mul", &param, &none)]);
+                most = most.max(built.map_or(1, |r| r.varying));
+            }
+        }
+        assert_eq!(most, 1);
     }
 
     #[test]
