@@ -41,6 +41,9 @@ def test_set_shape_buckets_scopes_and_checks_its_argument():
     for bad in ([0, 8], [-4], "often"):
         with pytest.raises(ValueError, match="shape buckets"):
             torch.tpu.set_shape_buckets(bad)
+    for bad in ([3.5], [True], ["64"], 64):
+        with pytest.raises(TypeError, match="set_shape_buckets"):
+            torch.tpu.set_shape_buckets(bad)
     assert torch.tpu.shape_buckets() == []
 
 

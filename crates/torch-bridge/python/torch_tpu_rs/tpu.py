@@ -314,10 +314,27 @@ def set_shape_buckets(buckets):
     elif isinstance(buckets, str):
         spec = buckets
     else:
-        spec = ",".join(str(int(b)) for b in buckets) or "off"
+        spec = ",".join(str(b) for b in _bucket_sizes(buckets)) or "off"
     previous = _C.shape_buckets()
     _C.set_shape_buckets(spec)
     return _BucketScope(previous)
+
+
+def _bucket_sizes(buckets):
+    """The sizes of a bucket list, each a positive int (``0.5``, ``True``
+    or ``"64"`` are more likely mistakes than sizes)."""
+    try:
+        sizes = list(buckets)
+    except TypeError:
+        raise TypeError(
+            f"set_shape_buckets: expected \"pow2\", a list of sizes or None, got {type(buckets).__name__}"
+        ) from None
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"set_shape_buckets: shape buckets are int sizes, got {size!r}")
+        if size <= 0:
+            raise ValueError(f"set_shape_buckets: shape buckets are positive sizes, got {size}")
+    return sizes
 
 
 # Autocast: the dtypes torch.amp.autocast("tpu") accepts.
