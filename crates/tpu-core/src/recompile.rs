@@ -133,8 +133,8 @@ pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
     let last = table
         .last_of_structure
         .insert(structure(identity, ops), (owned.clone(), round));
-    let varying = match last.and_then(|(ops_before, round_before)| {
-        Some((variation(identity, &ops_before, ops)?, round_before))
+    let varying = match last.as_ref().and_then(|(ops_before, round_before)| {
+        Some((variation(identity, ops_before, ops)?, *round_before))
     }) {
         Some((kind, round_before)) => {
             // The round of the program before the first change counts too.
@@ -161,7 +161,13 @@ pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
             None
         }
         Some(built) => {
-            let (reason, detail) = difference(&built.ops, ops);
+            // Named against the last program of the same structure when
+            // there is one: "dim 1: 24 -> 25" rather than between unrelated
+            // shapes that happened to be built one after the other.
+            let before = last
+                .as_ref()
+                .map_or(&built.ops, |(ops_before, _)| ops_before);
+            let (reason, detail) = difference(before, ops);
             built.ops = owned;
             built.builds += 1;
             let warn = varying >= WARN_AFTER && !built.warned;
@@ -199,11 +205,12 @@ fn structure(identity: u64, ops: &[OpSignature<'_>]) -> u64 {
 /// changed left out, and which ones those were. A length that grows step by
 /// step changes the same places each time, so its programs share one kind.
 /// `None` when nothing stayed the same (unrelated shapes, such as an
-/// optimizer's step over parameters of many sizes, are no "varying length").
+/// optimizer's step over parameters of many sizes, are no "varying length")
+/// or nothing changed (the program differs in which results it returns).
 fn variation(identity: u64, before: &[OpTypes], now: &[OpSignature<'_>]) -> Option<u64> {
     let mut h = DefaultHasher::new();
     identity.hash(&mut h);
-    let mut kept = false;
+    let (mut kept, mut changed) = (false, false);
     for ((_, inputs, attrs), s) in before.iter().zip(now) {
         s.op.hash(&mut h);
         for (a, b) in inputs.iter().zip(s.inputs) {
@@ -212,6 +219,7 @@ fn variation(identity: u64, before: &[OpTypes], now: &[OpSignature<'_>]) -> Opti
                 // A changed dimension hashes as a marker, not as its value.
                 let same = was == dim;
                 kept |= same;
+                changed |= !same;
                 same.hash(&mut h);
                 if same {
                     dim.hash(&mut h);
@@ -221,13 +229,14 @@ fn variation(identity: u64, before: &[OpTypes], now: &[OpSignature<'_>]) -> Opti
         for (key, value) in s.attrs.iter() {
             let same = attrs.get(key) == Some(value);
             kept |= same;
+            changed |= !same;
             (key, same).hash(&mut h);
             if same {
                 format!("{value:?}").hash(&mut h);
             }
         }
     }
-    kept.then(|| h.finish())
+    (kept && changed).then(|| h.finish())
 }
 
 /// The first difference between the previous program's ops and `now`.
@@ -418,6 +427,19 @@ mod tests {
         // Other tests' host reads can only add rounds, never remove them.
         assert_eq!(warned_at.len(), 1, "{warned_at:?}");
         assert!(warned_at[0] <= WARN_AFTER as usize, "{warned_at:?}");
+    }
+
+    #[test]
+    fn programs_over_the_same_inputs_are_not_a_varying_length() {
+        // A graph rebuilt for other results or donations: no shape changed.
+        let none = Attrs::new();
+        let id = 0x5eed_0006;
+        let inputs = [TensorType::new(DType::F32, [4, 8])];
+        for _ in 0..12 {
+            let built = note_build(id, &[sig("exp", &inputs, &none)]);
+            assert!(built.is_none_or(|r| r.varying == 1 && !r.warn));
+            crate::metrics::record_to_host(0);
+        }
     }
 
     #[test]
