@@ -15,39 +15,41 @@ use crate::error::{BridgeError, Result};
 
 static POLICY: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
 
-fn create(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
+/// The process's instance of policy `name`: switching modes back and forth
+/// (as each `torch.compile`d graph does) keeps each policy's executables.
+fn instance(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
+    static INSTANCES: Mutex<Vec<Arc<dyn ExecutionPolicy>>> = Mutex::new(Vec::new());
     tpu_eager::link();
-    Ok(policy::new_policy(name)?)
+    let name = policy::registered_name(name)?;
+    let mut instances = INSTANCES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = instances.iter().find(|p| p.name() == name) {
+        return Ok(p.clone());
+    }
+    let created = policy::new_policy(name)?;
+    instances.push(created.clone());
+    Ok(created)
 }
 
-/// The policy in force (created from the environment on first use).
+/// The policy in force (chosen by the environment on first use).
 pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
     let mut slot = POLICY.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = slot.as_ref() {
         return Ok(p.clone());
     }
-    let instance = create(name_from_env()?)?;
-    *slot = Some(instance.clone());
-    Ok(instance)
+    let policy = instance(name_from_env()?)?;
+    *slot = Some(policy.clone());
+    Ok(policy)
 }
 
 /// The policy backward rules run under: the one in force, except that
 /// under Strict a rule runs deferred and fused (flushed by the caller), so
 /// the forward values it recomputes but does not read cost nothing.
 pub fn vjp_policy() -> Result<Arc<dyn ExecutionPolicy>> {
-    static FUSED: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
     let policy = current()?;
     if policy.name() != EagerMode::Strict.name() {
         return Ok(policy);
     }
-    let mut fused = FUSED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = fused.as_ref() {
-        return Ok(p.clone());
-    }
-    // One instance for the process, so its compiled plans are reused.
-    let instance = create(EagerMode::DeferAndFuse.name())?;
-    *fused = Some(instance.clone());
-    Ok(instance)
+    instance(EagerMode::DeferAndFuse.name())
 }
 
 /// The policy TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
@@ -75,8 +77,7 @@ pub fn set_policy(name: &str) -> Result<()> {
         return Ok(());
     }
     old.flush(tpu_core::metrics::CutReason::Sync)?;
-    let instance = create(name)?;
-    *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance);
+    *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance(name)?);
     Ok(())
 }
 

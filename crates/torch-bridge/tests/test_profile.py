@@ -93,6 +93,21 @@ def test_a_changed_batch_size_is_a_recompile_naming_the_dimension(tmp_path):
     assert any("dim 0: 6 -> 10" in d for d in details), details
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_switching_modes_back_keeps_the_programs_built(tmp_path, mode):
+    """A mode switched away from and back to (as each torch.compile'd graph
+    does under Strict) keeps what it built: nothing is looked up again."""
+    x = torch.arange(6.0, device="tpu")
+    other = "defer_and_fuse" if mode == "strict" else "strict"
+    with torch.tpu.set_eager_mode(mode):
+        (x.exp() * 3).sum().cpu()
+        with torch.tpu.set_eager_mode(other):
+            (x + 1).cpu()
+        with torch.tpu.profile(tmp_path / "trace.json"):
+            (x.exp() * 3).sum().cpu()
+    assert of(events_of(tmp_path / "trace.json"), "compile") == []
+
+
 WARNS = """
 import os, sys, warnings, json
 import torch, torch_tpu_rs
