@@ -207,10 +207,12 @@ def test_growing_builds_programs_per_bucket_not_per_length(buckets):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name):
-    """Greedy ``generate`` with Hugging Face's dynamic cache and buckets on:
-    the CPU's tokens, and after a shorter warm-up, at most 16 programs
-    built for 48 new tokens."""
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name, cache):
+    """Greedy ``generate`` with buckets on: the CPU's tokens, and after a
+    shorter warm-up, at most 16 programs built for 48 new tokens. With a
+    static cache the decode step is a compiled graph (replayed), and the
+    buckets hold the generated ids Hugging Face grows around it."""
     torch.manual_seed(0)
     if name == "gpt2":
         config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
@@ -223,8 +225,11 @@ def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name):
         model = transformers.LlamaForCausalLM(config).eval()
     prompt = (torch.arange(16) * 7 + 3).remainder(256).unsqueeze(0)
     kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
     with torch.no_grad():
         want = model.generate(prompt, **kwargs)
+        torch._dynamo.reset()
         tpu_model = copy.deepcopy(model).to("tpu")
         with torch.tpu.set_shape_buckets("pow2"):
             tpu_model.generate(prompt.to("tpu"), **dict(kwargs, max_new_tokens=4, min_new_tokens=4))
