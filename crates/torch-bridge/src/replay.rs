@@ -11,12 +11,15 @@
 //! not recorded (its result could depend on more than the inputs).
 
 use std::collections::HashMap;
+use std::panic::Location;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use tpu_core::Tensor;
-use tpu_core::op::Attrs;
+use tpu_core::op::{Attrs, OpDef, OpId, registry};
+use tpu_core::policy::{EagerModeGuard, OpCall};
+use tpu_core::stablehlo::TensorType;
+use tpu_core::{Tensor, profile};
 
 use crate::error::{BridgeError, Result};
 use crate::kernels::call;
@@ -35,11 +38,15 @@ enum Source {
 }
 
 struct Call {
-    op: String,
+    op: &'static OpDef,
+    id: OpId,
     attrs: Attrs,
     device: usize,
     inputs: Vec<Source>,
-    outputs: usize,
+    /// The recorded inputs' types: a replay over the same types skips
+    /// shape inference and dispatches with the recorded output types.
+    input_types: Vec<TensorType>,
+    outputs: Vec<TensorType>,
 }
 
 struct Recording {
@@ -95,17 +102,23 @@ pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outp
     let Some(rec) = Recording::here(&mut slot).filter(|r| r.broken.is_none()) else {
         return;
     };
+    let Ok((id, def)) = registry().and_then(|r| r.id(op).map(|id| (id, r.op(id)))) else {
+        rec.broken = Some(format!("`{op}` is not a registered op"));
+        return;
+    };
     let sources = inputs.iter().map(|t| rec.source(t)).collect();
     let index = rec.calls.len();
     for (j, t) in outputs.iter().enumerate() {
         rec.outputs.insert(t.id(), (index, j));
     }
     rec.calls.push(Call {
-        op: op.to_string(),
+        op: def,
+        id,
         attrs: attrs.clone(),
         device,
         inputs: sources,
-        outputs: outputs.len(),
+        input_types: inputs.iter().map(|t| t.ty().clone()).collect(),
+        outputs: outputs.iter().map(|t| t.ty().clone()).collect(),
     });
 }
 
@@ -210,7 +223,6 @@ impl Replay {
                 .ok_or_else(|| BridgeError::internal("a replayed graph's input is not on tpu"))?;
             values.push(view.storage.get().value()?);
         }
-        let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.calls.len());
         let resolve = |s: &Source, results: &[Vec<Tensor>]| -> Result<Tensor> {
             match s {
                 Source::Input(i) => Ok(values[*i].clone()),
@@ -218,22 +230,45 @@ impl Replay {
                 Source::Constant(t) => Ok(t.clone()),
             }
         };
-        for c in &self.calls {
-            let xs = c
-                .inputs
-                .iter()
-                .map(|s| resolve(s, &results))
-                .collect::<Result<Vec<_>>>()?;
-            let outs = call(&c.op, &xs, &c.attrs, c.device)?;
-            if outs.len() != c.outputs {
-                return Err(BridgeError::internal(format!(
-                    "replayed `{}` changed its outputs",
-                    c.op
-                ))
-                .into());
+        crate::interrupt::check()?;
+        // Inside another graph's recording, each call must be noted there.
+        let direct = Recording::here(&mut recording()).is_none();
+        let policy = crate::kernels::current()?;
+        let _scope = EagerModeGuard::with_policy(policy.clone());
+        let results = crate::profile::from_python(|| -> Result<Vec<Vec<Tensor>>> {
+            let location = profile::call_site(Location::caller());
+            let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.calls.len());
+            for c in &self.calls {
+                let xs = c
+                    .inputs
+                    .iter()
+                    .map(|s| resolve(s, &results))
+                    .collect::<Result<Vec<_>>>()?;
+                let same = xs.iter().map(Tensor::ty).eq(c.input_types.iter());
+                let outs = if direct && same {
+                    let _span = profile::span("op", c.op.name);
+                    policy.dispatch(OpCall {
+                        op: c.op,
+                        id: c.id,
+                        inputs: &xs,
+                        attrs: &c.attrs,
+                        device: c.device,
+                        outputs: c.outputs.clone(),
+                        location,
+                    })?
+                } else {
+                    call(c.op.name, &xs, &c.attrs, c.device)?
+                };
+                if outs.len() != c.outputs.len() {
+                    return Err(BridgeError::internal(format!(
+                        "replayed `{}` changed its outputs",
+                        c.op.name
+                    )));
+                }
+                results.push(outs);
             }
-            results.push(outs);
-        }
+            Ok(results)
+        })?;
         let mut out = Vec::with_capacity(self.outputs.len());
         for (source, layout) in &self.outputs {
             let value = resolve(source, &results)?;
