@@ -124,3 +124,9 @@ pub fn set_eager_mode(mode: &str) -> PyResult<()> {
 pub fn synchronize() -> PyResult<()> {
     Ok(crate::profile::from_python(kernels::synchronize)?)
 }
+
+/// Starts everything pending on the device, without waiting for it.
+#[pyfunction]
+pub fn flush() -> PyResult<()> {
+    Ok(crate::profile::from_python(kernels::flush)?)
+}

@@ -81,6 +81,11 @@ pub fn set_policy(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Starts everything pending, without waiting for it.
+pub fn flush() -> Result<()> {
+    Ok(current()?.flush(tpu_core::metrics::CutReason::Sync)?)
+}
+
 /// Runs everything pending and waits until every value written to a tpu
 /// storage exists.
 pub fn synchronize() -> Result<()> {

@@ -99,6 +99,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::eager_mode, m)?)?;
     m.add_function(wrap_pyfunction!(device::set_eager_mode, m)?)?;
     m.add_function(wrap_pyfunction!(device::synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(device::flush, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_start, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_stop, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_recording, m)?)?;

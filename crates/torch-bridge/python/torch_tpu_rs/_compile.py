@@ -26,8 +26,9 @@ from . import _C
 def _deferred():
     previous = _C.eager_mode()
     if previous == "defer_and_fuse":
-        # Already deferring: the graph joins the surrounding work.
         yield
+        # The graph's program starts now, while the caller goes on.
+        _C.flush()
         return
     _C.set_eager_mode("defer_and_fuse")
     try:
