@@ -245,6 +245,26 @@ def test_resize_keeps_the_storages_elements(mode, make, size):
 
 
 @pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((5,), {}), ((3, 8), {}), ((10, 0, -3), {}), ((0,), {}), ((1, 1), {}), ((2.5,), {}),
+        ((0, 1, 0.25), {}), ((5,), {"dtype": torch.float32}), ((0, 5), {"dtype": torch.bfloat16}),
+        ((-1.5, 2.25, 0.5), {"dtype": torch.float64}), ((5,), {"dtype": torch.int32}),
+    ],
+)
+def test_arange_gives_the_cpus_values_dtype_and_shape(mode, args, kwargs):
+    want = torch.arange(*args, **kwargs)
+    got = torch.arange(*args, device="tpu", **kwargs)
+    assert (got.dtype, got.shape, got.device.type) == (want.dtype, want.shape, "tpu")
+    assert torch.equal(got.cpu(), want)
+    on_second = torch.arange(*args, device=f"tpu:{torch.tpu.device_count() - 1}", **kwargs)
+    assert torch.equal(on_second.cpu(), want) and on_second.device.index == torch.tpu.device_count() - 1
+    for bad, message in (((0, 5, 0), "step must be nonzero"), ((5, 0, 1), "inconsistent with step sign")):
+        with pytest.raises(RuntimeError, match=message):
+            torch.arange(*bad, device="tpu")
+
+
+@pytest.mark.parametrize(
     "make",
     [
         lambda d: torch.linspace(0, 10, 4, dtype=torch.int64, device=d),

@@ -9,6 +9,7 @@ import torch
 from .. import _C
 from .elementwise import run
 from .registry import kernel, raw
+from .tensors import _index as _device_index
 
 
 def _i64(x):
@@ -273,8 +274,9 @@ def constant_pad_nd(self, pad, value=0):
     return run("pad", [self], {"pad": list(pad), "value": float(value)})
 
 
-@raw("arange.start_out")
-def arange_out(start, end, step=1, *, out):
+def _arange(start, end, step, dtype):
+    """The length of ``arange(start, end, step)`` and the tpu-rs op's
+    attributes for it in ``dtype``."""
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
@@ -282,16 +284,35 @@ def arange_out(start, end, step=1, *, out):
     if all(isinstance(v, int) for v in (start, end, step)):
         # Integers stay integers: past 2**53 a float would lose them.
         n = max(0, -((start - end) // step))
-        attrs = {"start": start, "end": end, "step": step, "dtype": out.dtype}
-    else:
-        n = max(0, math.ceil((end - start) / step))
-        attrs = {"start": float(start), "end": float(end), "step": float(step), "dtype": out.dtype}
+        return n, {"start": start, "end": end, "step": step, "dtype": dtype}
+    n = max(0, math.ceil((end - start) / step))
+    return n, {"start": float(start), "end": float(end), "step": float(step), "dtype": dtype}
+
+
+@raw("arange.start_out")
+def arange_out(start, end, step=1, *, out):
+    n, attrs = _arange(start, end, step, out.dtype)
     value = run("arange", [], attrs) if n > 0 else None
     if list(out.shape) != [n]:
         out.resize_([n])
     if value is not None:
         _C.copy_into(out, value)
     return out
+
+
+@raw("arange", "arange.start", "arange.start_step")
+def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
+    """``torch.arange(..., device="tpu")`` in one op (PyTorch's own path
+    makes an empty tensor, resizes it and copies into it)."""
+    start, end, step = (0, *args, 1)[-3:] if len(args) == 1 else (*args, 1)[:3]
+    if dtype is None:
+        floats = any(isinstance(v, float) for v in (start, end, step))
+        dtype = torch.get_default_dtype() if floats else torch.int64
+    index = _device_index(device)
+    if index != 0:
+        return arange_out(start, end, step, out=_C.empty([0], dtype, index))
+    n, attrs = _arange(start, end, step, dtype)
+    return run("arange", [], attrs) if n > 0 else _C.empty([0], dtype, 0)
 
 
 def row_major_strides(sizes):
