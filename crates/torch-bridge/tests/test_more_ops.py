@@ -464,3 +464,25 @@ def test_unique_along_a_dim_matches_cpu(mode):
         got = torch.unique_consecutive(x.to("tpu"), dim=dim, return_inverse=True, return_counts=True)
         for g, w in zip(got, torch.unique_consecutive(x, dim=dim, return_inverse=True, return_counts=True)):
             assert_close(g, w)
+
+
+def test_isin_matches_the_cpu_on_shapes_dtypes_nan_and_empty_sets(mode):
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        (torch.randint(0, 10, (3, 4), generator=g), torch.tensor([1, 5, 7])),
+        (torch.randint(0, 10, (7,), generator=g), torch.tensor([[2, 3], [4, 9]])),
+        (torch.tensor(5), torch.tensor([5, 6])),
+        (torch.tensor([1.5, float("nan"), 2.0]), torch.tensor([float("nan"), 2.0])),
+        (torch.arange(6).view(2, 3), torch.tensor([], dtype=torch.long)),
+        (torch.arange(6), torch.tensor([1.0, 4.0])),
+        # Enough pairs that PyTorch's sorting decomposition runs instead.
+        (torch.randint(0, 5000, (3000,), generator=g), torch.randint(0, 5000, (2000,), generator=g)),
+    ]
+    for elements, tests in cases:
+        for invert in (False, True):
+            want = torch.isin(elements, tests, invert=invert)
+            got = torch.isin(elements.to("tpu"), tests.to("tpu"), invert=invert)
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (elements, tests, invert)
+        assert torch.equal(torch.isin(elements.to("tpu"), 2).cpu(), torch.isin(elements, 2))
+    with pytest.raises(NotImplementedError, match="isin.*Bool"):
+        torch.isin(torch.tensor([True]).to("tpu"), torch.tensor([True]).to("tpu"))
