@@ -274,3 +274,26 @@ def test_arange_gives_the_cpus_values_dtype_and_shape(mode, args, kwargs):
 )
 def test_creation_ops_make_integer_dtypes_through_their_out_forms(mode, make):
     assert_close(make("tpu"), make("cpu"))
+
+
+def test_clone_and_to_keep_values_strides_devices_and_gradients(mode):
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    c = t.clone()
+    assert c.is_contiguous() and c.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    c.add_(1)
+    assert torch.equal(t.cpu(), x) and torch.equal(c.cpu(), x + 1)
+    # preserve_format keeps a transpose's strides; contiguous_format does not.
+    assert t.t().clone().stride() == x.t().clone().stride()
+    assert t.t().clone(memory_format=torch.contiguous_format).is_contiguous()
+    assert torch.equal(t.t().clone().cpu(), x.t())
+    for dtype in (torch.float64, torch.bfloat16, torch.int32, torch.bool):
+        got = (t * 10).to(dtype)
+        assert got.dtype == dtype and torch.equal(got.cpu(), (x * 10).to(dtype))
+    assert t.t().to(torch.float64).stride() == x.t().to(torch.float64).stride()
+    last = torch.tpu.device_count() - 1
+    assert t.to(f"tpu:{last}").device.index == last and torch.equal(t.to(f"tpu:{last}").cpu(), x)
+    assert t.to("cpu").device.type == "cpu" and torch.equal(t.to("cpu"), x)
+    g = t.clone().requires_grad_()
+    (g.to(torch.float64).clone() * 2).sum().backward()
+    assert torch.equal(g.grad.cpu(), torch.full((3, 4), 2.0))

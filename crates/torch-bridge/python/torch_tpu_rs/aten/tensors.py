@@ -6,6 +6,7 @@ import math
 import torch
 
 from .. import _C, tpu
+from .elementwise import run
 from .registry import above_autograd, aten, raw, rebind, view
 
 view(
@@ -86,6 +87,44 @@ def copy_(self, src, non_blocking=False):
         # tpu -> cpu: download, then let the CPU copy cast and broadcast.
         self.copy_(_C.to_cpu(src))
     return self
+
+
+# clone and _to_copy are composites (an empty tensor, then copy_ into it):
+# a dense result on the same device is one op instead, and the rest (other
+# memory formats, other devices) runs the composite.
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _dense(self, memory_format):
+    if memory_format is torch.contiguous_format:
+        return True
+    return memory_format in (None, torch.preserve_format) and self.is_contiguous()
+
+
+def _same_values(self, dtype):
+    """A new contiguous tensor with ``self``'s values in ``dtype``: a
+    reshape shares the (immutable) value, so it costs no program."""
+    if dtype == self.dtype:
+        return run("reshape", [self], {"shape": list(self.shape)})
+    return run("cast", [self], {"dtype": dtype})
+
+
+@raw("clone")
+def clone(self, *, memory_format=None):
+    if _dense(self, memory_format):
+        return _same_values(self, self.dtype)
+    return aten.clone.default.redispatch(_COMPOSITE, self, memory_format=memory_format)
+
+
+@raw("_to_copy")
+def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    here = device is None or (torch.device(device).type == "tpu" and _index(device) == self.device.index)
+    if here and layout in (None, torch.strided) and not pin_memory and _dense(self, memory_format):
+        return _same_values(self, self.dtype if dtype is None else dtype)
+    return aten._to_copy.default.redispatch(
+        _COMPOSITE, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+        non_blocking=non_blocking, memory_format=memory_format,
+    )
 
 
 @raw("_copy_from")
