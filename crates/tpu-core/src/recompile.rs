@@ -83,7 +83,7 @@ pub struct Recompile {
 }
 
 /// Rounds with programs of one op or graph differing only in the same
-/// places, after which a warning is printed (once per kind of change).
+/// places, after which a warning is printed (once per op or graph).
 pub const WARN_AFTER: u64 = 8;
 
 type OpTypes = (&'static str, Vec<TensorType>, Attrs);
@@ -102,12 +102,38 @@ const MAX_TRACKED: usize = 4096;
 struct Table {
     built: HashMap<u64, Built>,
     /// The last program of each structure (op or graph, input dtypes and
-    /// ranks, attribute names): programs of one structure are compared with
-    /// each other even when programs of other structures come between.
-    /// ... and the round it was built in.
+    /// ranks, attribute names) and the round it was built in: programs of
+    /// one structure are compared with each other even when programs of
+    /// other structures come between.
     last_of_structure: HashMap<u64, (Vec<OpTypes>, u64)>,
     /// Per kind of change (see [`variation`]): rounds counted, and the last.
     varying: HashMap<u64, (u64, u64)>,
+}
+
+impl Table {
+    /// Counts `round` for the kind of change from `before` (built in
+    /// `round_before`) to `now`; the rounds counted for that kind so far
+    /// (1 when it is no kind: see [`variation`]).
+    fn count_round(
+        &mut self,
+        identity: u64,
+        before: &[OpTypes],
+        round_before: u64,
+        now: &[OpSignature<'_>],
+        round: u64,
+    ) -> u64 {
+        let Some(kind) = variation(identity, before, now) else {
+            return 1;
+        };
+        // The round of the program before the first change counts too.
+        let first = 1 + u64::from(round_before != round);
+        let (rounds, last_round) = self.varying.entry(kind).or_insert((first, round));
+        if *last_round != round {
+            *rounds += 1;
+            *last_round = round;
+        }
+        *rounds
+    }
 }
 
 static BUILT: Mutex<Option<Table>> = Mutex::new(None);
@@ -133,18 +159,9 @@ pub fn note_build(identity: u64, ops: &[OpSignature<'_>]) -> Option<Recompile> {
     let last = table
         .last_of_structure
         .insert(structure(identity, ops), (owned.clone(), round));
-    let varying = match last.as_ref().and_then(|(ops_before, round_before)| {
-        Some((variation(identity, ops_before, ops)?, *round_before))
-    }) {
-        Some((kind, round_before)) => {
-            // The round of the program before the first change counts too.
-            let first = 1 + u64::from(round_before != round);
-            let (rounds, last_round) = table.varying.entry(kind).or_insert((first, round));
-            if *last_round != round {
-                *rounds += 1;
-                *last_round = round;
-            }
-            *rounds
+    let varying = match &last {
+        Some((before, round_before)) => {
+            table.count_round(identity, before, *round_before, ops, round)
         }
         None => 1,
     };
