@@ -89,7 +89,7 @@ pub fn flush() -> Result<()> {
 /// Runs everything pending and waits until every value written to a tpu
 /// storage exists.
 pub fn synchronize() -> Result<()> {
-    current()?.flush(tpu_core::metrics::CutReason::Sync)?;
+    flush()?;
     crate::writes::wait_for_all()
 }
 
