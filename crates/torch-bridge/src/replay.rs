@@ -5,8 +5,10 @@
 //! kernels, at every call, though the graph and its input layouts are the
 //! same each time (dynamo guards them). The first run is recorded: each op
 //! call, with each input traced to a graph input, an earlier call's output
-//! or a constant the graph holds. Later runs replay the calls from Rust on
-//! the new inputs. A run that reads values back to the host, draws random
+//! or a constant the graph holds. The recording becomes a
+//! [`Block`](tpu_core::block::Block) over the graph's inputs and constants,
+//! and later runs hand it to the policy on the new inputs in one call
+//! (DeferAndFuse adds it to its pending graph at once). A run that reads values back to the host, draws random
 //! numbers, writes into a graph input or takes the gradient of an op is
 //! not recorded (its result could depend on more than the inputs).
 
@@ -16,8 +18,9 @@ use std::sync::Mutex;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
+use tpu_core::block::{Block, BlockCall, BlockSrc};
 use tpu_core::op::{Attrs, OpDef, OpId, registry};
-use tpu_core::policy::{EagerModeGuard, OpCall};
+use tpu_core::policy::EagerModeGuard;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Tensor, profile};
 
@@ -43,9 +46,6 @@ struct Call {
     attrs: Attrs,
     device: usize,
     inputs: Vec<Source>,
-    /// The recorded inputs' types: a replay over the same types skips
-    /// shape inference and dispatches with the recorded output types.
-    input_types: Vec<TensorType>,
     outputs: Vec<TensorType>,
 }
 
@@ -55,6 +55,8 @@ struct Recording {
     thread: std::thread::ThreadId,
     /// Graph inputs' stored values, by tensor id.
     inputs: HashMap<u64, usize>,
+    /// Their types, in input order.
+    input_types: Vec<TensorType>,
     /// Outputs of recorded calls, by tensor id.
     outputs: HashMap<u64, (usize, usize)>,
     calls: Vec<Call>,
@@ -67,6 +69,7 @@ impl Recording {
         Recording {
             thread: std::thread::current().id(),
             inputs: HashMap::new(),
+            input_types: Vec::new(),
             outputs: HashMap::new(),
             calls: Vec::new(),
             broken: None,
@@ -117,7 +120,6 @@ pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outp
         attrs: attrs.clone(),
         device,
         inputs: sources,
-        input_types: inputs.iter().map(|t| t.ty().clone()).collect(),
         outputs: outputs.iter().map(|t| t.ty().clone()).collect(),
     });
 }
@@ -144,11 +146,120 @@ pub fn note_write(old: Option<&Tensor>) {
 /// size, stride and offset.
 type Placed<'py> = (Bound<'py, PyAny>, Vec<usize>, Vec<usize>, usize);
 
-/// A recorded graph: its calls, and where each output's elements are.
+/// Where a graph output's value comes from in a replay.
+enum Out {
+    /// Block input `i` (a graph input, or a constant).
+    Input(usize),
+    /// Block output `k`.
+    Result(usize),
+}
+
+/// A recorded graph: a block over the graph's inputs and the constants it
+/// holds, and where each output's elements are.
 #[pyclass(module = "torch_tpu_rs._C", frozen)]
 pub struct Replay {
-    calls: Vec<Call>,
-    outputs: Vec<(Source, Layout)>,
+    block: Block,
+    device: usize,
+    constants: Vec<Tensor>,
+    outputs: Vec<(Out, Layout)>,
+}
+
+impl Replay {
+    /// The replay of a finished recording whose outputs are `outputs`.
+    fn new(rec: Recording, outputs: Vec<(Source, Layout)>) -> Result<Option<Replay>> {
+        let mut devices = rec.calls.iter().map(|c| c.device);
+        let device = devices.next().unwrap_or(0);
+        if devices.any(|d| d != device) {
+            // A block runs on one device.
+            return Ok(None);
+        }
+        let mut types = rec.input_types;
+        let mut constants: Vec<Tensor> = Vec::new();
+        let mut constant_at: HashMap<u64, usize> = HashMap::new();
+        let mut input = |s: &Source| -> Option<BlockSrc> {
+            Some(match s {
+                Source::Input(i) => BlockSrc::Input(*i),
+                Source::Output(c, j) => BlockSrc::Output(*c, *j),
+                Source::Constant(t) => {
+                    BlockSrc::Input(*constant_at.entry(t.id()).or_insert_with(|| {
+                        constants.push(t.clone());
+                        types.push(t.ty().clone());
+                        types.len() - 1
+                    }))
+                }
+            })
+        };
+        let mut calls = Vec::with_capacity(rec.calls.len());
+        for c in rec.calls {
+            let inputs = c.inputs.iter().map(&mut input).collect::<Option<Vec<_>>>();
+            let Some(inputs) = inputs else {
+                return Ok(None);
+            };
+            calls.push(BlockCall {
+                op: c.op,
+                id: c.id,
+                attrs: c.attrs,
+                inputs,
+                outputs: c.outputs,
+            });
+        }
+        let mut results: Vec<(usize, usize)> = Vec::new();
+        let mut placed = Vec::with_capacity(outputs.len());
+        for (source, layout) in outputs {
+            let out = match input(&source) {
+                Some(BlockSrc::Input(i)) => Out::Input(i),
+                Some(BlockSrc::Output(c, j)) => {
+                    // Two outputs may share a value (a clone shares it).
+                    let k = match results.iter().position(|&r| r == (c, j)) {
+                        Some(k) => k,
+                        None => {
+                            results.push((c, j));
+                            results.len() - 1
+                        }
+                    };
+                    Out::Result(k)
+                }
+                None => return Ok(None),
+            };
+            placed.push((out, layout));
+        }
+        Ok(Some(Replay {
+            block: Block::new(types, calls, results)?,
+            device,
+            constants,
+            outputs: placed,
+        }))
+    }
+
+    /// The block's outputs for `values`, call by call through the Python
+    /// kernels' path (with inference, and noted in a recording under way).
+    fn run_each(&self, values: &[Tensor]) -> Result<Vec<Tensor>> {
+        let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.block.calls().len());
+        for c in self.block.calls() {
+            let xs: Vec<Tensor> = c
+                .inputs
+                .iter()
+                .map(|&s| match s {
+                    BlockSrc::Input(i) => values[i].clone(),
+                    BlockSrc::Output(d, j) => results[d][j].clone(),
+                })
+                .collect();
+            let outs = call(c.op.name, &xs, &c.attrs, self.device)?;
+            if outs.len() != c.outputs.len() {
+                return Err(BridgeError::internal(format!(
+                    "replayed `{}` changed its outputs",
+                    c.op.name
+                )));
+            }
+            results.push(outs);
+        }
+        Ok(self
+            .block
+            .outputs()
+            .iter()
+            .map(|&(c, j)| results[c][j].clone())
+            .collect())
+    }
 }
 
 /// Starts recording a run of a graph over tpu tensors `inputs`.
@@ -173,6 +284,7 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
             rec.broken = Some(format!("graph input {i}'s value is shared"));
             break;
         }
+        rec.input_types.push(value.ty().clone());
     }
     *recording() = Some(rec);
     Ok(())
@@ -205,10 +317,7 @@ pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Repla
         let value = storage.value()?;
         placed.push((rec.source(&value), view.layout));
     }
-    Ok(Some(Replay {
-        calls: rec.calls,
-        outputs: placed,
-    }))
+    Ok(Replay::new(rec, placed)?)
 }
 
 #[pymethods]
@@ -217,61 +326,33 @@ impl Replay {
     /// recorded run's), each as `(tensor, size, stride, offset)`: a
     /// contiguous tensor holding the output's storage and the view of it.
     fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyList>) -> PyResult<Vec<Placed<'py>>> {
-        let mut values = Vec::with_capacity(inputs.len());
+        let mut values = Vec::with_capacity(inputs.len() + self.constants.len());
         for t in inputs.iter() {
             let view = View::of(&t)?
                 .ok_or_else(|| BridgeError::internal("a replayed graph's input is not on tpu"))?;
             values.push(view.storage.get().value()?);
         }
-        let resolve = |s: &Source, results: &[Vec<Tensor>]| -> Result<Tensor> {
-            match s {
-                Source::Input(i) => Ok(values[*i].clone()),
-                Source::Output(c, j) => Ok(results[*c][*j].clone()),
-                Source::Constant(t) => Ok(t.clone()),
-            }
-        };
+        values.extend(self.constants.iter().cloned());
         crate::interrupt::check()?;
         // Inside another graph's recording, each call must be noted there.
-        let direct = Recording::here(&mut recording()).is_none();
-        let policy = crate::kernels::current()?;
-        let _scope = EagerModeGuard::with_policy(policy.clone());
-        let results = crate::profile::from_python(|| -> Result<Vec<Vec<Tensor>>> {
-            let location = profile::call_site(Location::caller());
-            let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.calls.len());
-            for c in &self.calls {
-                let xs = c
-                    .inputs
-                    .iter()
-                    .map(|s| resolve(s, &results))
-                    .collect::<Result<Vec<_>>>()?;
-                let same = xs.iter().map(Tensor::ty).eq(c.input_types.iter());
-                let outs = if direct && same {
-                    let _span = profile::span("op", c.op.name);
-                    policy.dispatch(OpCall {
-                        op: c.op,
-                        id: c.id,
-                        inputs: &xs,
-                        attrs: &c.attrs,
-                        device: c.device,
-                        outputs: c.outputs.clone(),
-                        location,
-                    })?
-                } else {
-                    call(c.op.name, &xs, &c.attrs, c.device)?
-                };
-                if outs.len() != c.outputs.len() {
-                    return Err(BridgeError::internal(format!(
-                        "replayed `{}` changed its outputs",
-                        c.op.name
-                    )));
-                }
-                results.push(outs);
-            }
-            Ok(results)
-        })?;
+        let nested = Recording::here(&mut recording()).is_some();
+        let results = if nested || !self.block.accepts(&values) {
+            self.run_each(&values)?
+        } else {
+            let policy = crate::kernels::current()?;
+            let _scope = EagerModeGuard::with_policy(policy.clone());
+            crate::profile::from_python(|| -> Result<Vec<Tensor>> {
+                let _span = profile::span("replay", "graph");
+                let location = profile::call_site(Location::caller());
+                Ok(policy.dispatch_block(&self.block, &values, self.device, location)?)
+            })?
+        };
         let mut out = Vec::with_capacity(self.outputs.len());
         for (source, layout) in &self.outputs {
-            let value = resolve(source, &results)?;
+            let value = match *source {
+                Out::Input(i) => values[i].clone(),
+                Out::Result(k) => results[k].clone(),
+            };
             out.push((
                 wrap(py, value)?,
                 layout.size.clone(),
@@ -284,6 +365,6 @@ impl Replay {
 
     /// Recorded calls.
     fn __len__(&self) -> usize {
-        self.calls.len()
+        self.block.calls().len()
     }
 }

@@ -4,6 +4,7 @@ give the CPU's values: new input values, training steps, random numbers,
 inputs written in place and host reads inside the graph."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ def test_graphs_that_cannot_be_replayed_still_run_each_time(mode):
         assert_close(buf, cpu_buf)
 
 
-def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(monkeypatch):
+def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(monkeypatch, tmp_path):
     torch._dynamo.reset()
 
     def f(x, w):
@@ -85,11 +86,39 @@ def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(mon
         run = torch_tpu_rs._C.run
         monkeypatch.setattr(torch_tpu_rs._C, "run", lambda *a, **k: kernel_calls.append(a[0]) or run(*a, **k))
         before = _metrics_executions()
-        got = compiled(x, w)
-        torch.tpu.synchronize()
+        trace = tmp_path / "replay.json"
+        with torch.tpu.profile(str(trace)):
+            got = compiled(x, w)
+            torch.tpu.synchronize()
         assert _metrics_executions() - before == 1
         assert kernel_calls == []
     assert_close(got, f(x.cpu(), w.cpu()))
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = [(e.get("cat"), e["name"]) for e in events if e.get("ph") == "X"]
+    # The recorded calls join the pending graph as one block, not op by op.
+    assert ("replay", "graph") in spans
+    assert not [s for s in spans if s[0] == "op"], spans
+
+
+def test_replayed_outputs_that_share_a_value_or_are_inputs_stay_apart(mode):
+    """A graph may return one value twice (a clone shares it), an input
+    itself, or a constant: each replayed output is its own tensor."""
+    torch._dynamo.reset()
+
+    def f(x):
+        y = x * 2
+        return y, y.clone(), x, torch.ones(2, device=x.device)
+
+    compiled = torch.compile(f, backend="tpu_rs")
+    for _ in range(3):
+        x = torch.randn(2)
+        y, z, same, ones = compiled(x.to("tpu"))
+        y.add_(1)
+        assert_close(y, x * 2 + 1)
+        assert_close(z, x * 2)
+        assert_close(same, x)
+        assert_close(ones, torch.ones(2))
 
 
 @pytest.mark.parametrize("shared", ["clone", "scalar"])

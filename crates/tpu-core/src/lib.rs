@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
+pub mod block;
 mod cache;
 mod device;
 mod dtype;

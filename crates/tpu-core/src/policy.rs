@@ -12,6 +12,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
 use crate::Device;
+use crate::block::Block;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
 use crate::op::{Attrs, OpDef, OpErrorKind, OpId, OpResult, check_inputs, registry, run_reference};
@@ -127,6 +128,18 @@ pub trait ExecutionPolicy: Send + Sync {
     fn name(&self) -> &'static str;
     /// Runs (or records) one op call, returning its outputs.
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>>;
+    /// Runs (or records) a recorded block on `inputs` (of the block's
+    /// input types) on `device`, returning the block's outputs. By default
+    /// call by call through [`ExecutionPolicy::dispatch`].
+    fn dispatch_block(
+        &self,
+        block: &Block,
+        inputs: &[Tensor],
+        device: usize,
+        location: CallSite,
+    ) -> Result<Vec<Tensor>> {
+        block.run_each(self, inputs, device, location)
+    }
     /// Computes `tensor`'s pending value (set with [`Tensor::set_value`]).
     fn materialize(&self, tensor: &Tensor) -> Result<()>;
     /// Runs everything pending; `reason` says why (for metrics).

@@ -52,8 +52,9 @@ pub struct Tensor {
     inner: Arc<Inner>,
 }
 
-/// A tensor reference that does not keep the value alive.
-#[derive(Clone)]
+/// A tensor reference that does not keep the value alive (the default
+/// refers to no tensor).
+#[derive(Clone, Default)]
 pub struct WeakTensor {
     inner: Weak<Inner>,
 }

@@ -118,7 +118,6 @@ fn cut_points_sync_and_cap() {
 }
 
 /// One "training step" without any host read: the loop gives the policy no
-/// One "training step" without any host read: the loop gives the policy no
 /// cut of its own.
 fn step(p: &Tensor, x: &Tensor, lr: &Tensor) -> Tensor {
     let h = op("mul", &[p, x]);

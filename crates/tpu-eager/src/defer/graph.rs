@@ -36,17 +36,6 @@ pub(crate) struct Node {
     pub location: CallSite,
 }
 
-impl Node {
-    /// Op, attributes and input types: what makes two steps "the same op".
-    pub fn kind(&self, input_types: &[TensorType]) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.id.hash(&mut h);
-        self.attrs.hash(&mut h);
-        input_types.hash(&mut h);
-        h.finish()
-    }
-}
-
 /// The recorded, not yet executed ops of one device.
 #[derive(Default)]
 pub(crate) struct Graph {
@@ -92,7 +81,12 @@ impl Graph {
     /// Appends a node, updating kinds and fingerprints.
     pub fn push(&mut self, node: Node) {
         let input_types: Vec<TensorType> = node.inputs.iter().map(|&s| self.src_type(s)).collect();
-        let kind = node.kind(&input_types);
+        let kind = tpu_core::block::kind(node.id, &node.attrs, &input_types);
+        self.push_kind(node, kind);
+    }
+
+    /// [`Graph::push`] of a node whose [`tpu_core::block::kind`] is known.
+    pub fn push_kind(&mut self, node: Node, kind: u64) {
         let mut outline = std::collections::hash_map::DefaultHasher::new();
         node.id.hash(&mut outline);
         node.inputs.hash(&mut outline);

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use graph::{Graph, Node, Output, Plan, Src, lower, node_error, plan};
+use tpu_core::block::{Block, BlockSrc};
 use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
 use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
@@ -32,7 +33,7 @@ use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::profile::{self, CallSite, Detail};
 use tpu_core::recompile::{self, OpSignature};
 use tpu_core::settings::{self, Lookup};
-use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue};
+use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue, WeakTensor};
 
 use crate::Strict;
 
@@ -227,6 +228,99 @@ impl DeferAndFuse {
                 None => {}
             }
             return Ok(tensors);
+        }
+    }
+
+    /// Records `block` into the pending graph of `device` in one step: no
+    /// inference and no lock per call, and tensors only for the block's
+    /// outputs. A block larger than the op cap runs call by call.
+    fn record_block(
+        &self,
+        block: &Block,
+        inputs: &[Tensor],
+        device: usize,
+        location: CallSite,
+    ) -> Result<Vec<Tensor>> {
+        let me: Arc<dyn ExecutionPolicy> = match self.me.upgrade() {
+            Some(me) if block.fusible() && block.calls().len() <= self.config.max_ops => me,
+            _ => return block.run_each(self, inputs, device, location),
+        };
+        block.check(inputs, device)?;
+        loop {
+            let mut devices = self.lock();
+            let state = devices.entry(device).or_default();
+            if std::mem::take(&mut state.repeat_cut) {
+                self.cut(state, device, CutReason::RepeatedSequence)?;
+            }
+            if state.graph.nodes.len() + block.calls().len() > self.config.max_ops {
+                self.cut(state, device, CutReason::PendingCap)?;
+            }
+            let srcs = match Self::resolve(&mut state.graph, inputs) {
+                Resolved::Ready(srcs) => srcs,
+                Resolved::Materialize(tensors) => {
+                    drop(devices);
+                    for t in tensors {
+                        t.buffer()?;
+                    }
+                    continue;
+                }
+            };
+            let base = state.graph.nodes.len();
+            let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
+            for (c, call) in block.calls().iter().enumerate() {
+                let node_inputs = call
+                    .inputs
+                    .iter()
+                    .map(|&src| match src {
+                        BlockSrc::Input(i) => srcs[i],
+                        BlockSrc::Output(d, j) => Src::Node(base + d, j),
+                    })
+                    .collect();
+                let mut outputs = Vec::with_capacity(call.outputs.len());
+                for (j, ty) in call.outputs.iter().enumerate() {
+                    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+                    // Values only the block reads stay inside the program.
+                    let tensor = match block.slot(c, j) {
+                        Some(k) => {
+                            let t = Tensor::pending(
+                                ty.clone(),
+                                Device::Tpu(device),
+                                Pending {
+                                    policy: me.clone(),
+                                    token,
+                                },
+                            );
+                            let weak = t.downgrade();
+                            results[k] = Some(t);
+                            weak
+                        }
+                        None => WeakTensor::default(),
+                    };
+                    outputs.push(Output {
+                        ty: ty.clone(),
+                        tensor,
+                        token,
+                    });
+                }
+                let node = Node {
+                    op: call.op,
+                    id: call.id,
+                    attrs: call.attrs.clone(),
+                    inputs: node_inputs,
+                    outputs,
+                    location,
+                };
+                state.graph.push_kind(node, block.kind(c));
+            }
+            match self.cut_now(state) {
+                Some(CutReason::RepeatedSequence) => state.repeat_cut = true,
+                Some(reason) => self.cut_split(state, device, reason)?,
+                None => {}
+            }
+            return results
+                .into_iter()
+                .collect::<Option<Vec<Tensor>>>()
+                .ok_or_else(|| Error::Signature("a recorded block lost an output".into()));
         }
     }
 
@@ -674,6 +768,16 @@ impl ExecutionPolicy for DeferAndFuse {
             return self.strict.run(&call);
         }
         self.record(&call)
+    }
+
+    fn dispatch_block(
+        &self,
+        block: &Block,
+        inputs: &[Tensor],
+        device: usize,
+        location: CallSite,
+    ) -> Result<Vec<Tensor>> {
+        self.record_block(block, inputs, device, location)
     }
 
     fn materialize(&self, tensor: &Tensor) -> Result<()> {
