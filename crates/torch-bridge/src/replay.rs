@@ -8,9 +8,10 @@
 //! or a constant the graph holds. The recording becomes a
 //! [`Block`](tpu_core::block::Block) over the graph's inputs and constants,
 //! and later runs hand it to the policy on the new inputs in one call
-//! (DeferAndFuse adds it to its pending graph at once). A run that reads values back to the host, draws random
-//! numbers, writes into a graph input or takes the gradient of an op is
-//! not recorded (its result could depend on more than the inputs).
+//! (DeferAndFuse adds it to its pending graph at once). A run that reads
+//! values back to the host, draws random numbers, writes into a graph
+//! input or takes the gradient of an op is not recorded (its result could
+//! depend on more than the inputs).
 
 use std::collections::HashMap;
 use std::panic::Location;
