@@ -28,7 +28,7 @@ use tpu_core::{Tensor, profile};
 use crate::error::{BridgeError, Result};
 use crate::kernels::call;
 use crate::storage::Layout;
-use crate::torch::{View, wrap};
+use crate::torch::{View, wrap_as};
 
 /// Where a recorded call's input comes from.
 #[derive(Clone)]
@@ -58,6 +58,8 @@ struct Recording {
     inputs: HashMap<u64, usize>,
     /// Their types, in input order.
     input_types: Vec<TensorType>,
+    /// Each input's device and layout: a replay needs the same.
+    input_layouts: Vec<(usize, Layout)>,
     /// Outputs of recorded calls, by tensor id.
     outputs: HashMap<u64, (usize, usize)>,
     calls: Vec<Call>,
@@ -71,6 +73,7 @@ impl Recording {
             thread: std::thread::current().id(),
             inputs: HashMap::new(),
             input_types: Vec::new(),
+            input_layouts: Vec::new(),
             outputs: HashMap::new(),
             calls: Vec::new(),
             broken: None,
@@ -143,10 +146,6 @@ pub fn note_write(old: Option<&Tensor>) {
     }
 }
 
-/// A replayed output: a contiguous tensor over its storage, and the view's
-/// size, stride and offset.
-type Placed<'py> = (Bound<'py, PyAny>, Vec<usize>, Vec<usize>, usize);
-
 /// Where a graph output's value comes from in a replay.
 enum Out {
     /// Block input `i` (a graph input, or a constant).
@@ -161,6 +160,8 @@ enum Out {
 pub struct Replay {
     block: Block,
     device: usize,
+    /// Each graph input's device and layout.
+    inputs: Vec<(usize, Layout)>,
     constants: Vec<Tensor>,
     outputs: Vec<(Out, Layout)>,
 }
@@ -227,6 +228,7 @@ impl Replay {
         Ok(Some(Replay {
             block: Block::new(types, calls, results)?,
             device,
+            inputs: rec.input_layouts,
             constants,
             outputs: placed,
         }))
@@ -286,6 +288,7 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
             break;
         }
         rec.input_types.push(value.ty().clone());
+        rec.input_layouts.push((storage.device(), view.layout));
     }
     *recording() = Some(rec);
     Ok(())
@@ -323,21 +326,36 @@ pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Repla
 
 #[pymethods]
 impl Replay {
-    /// The graph's outputs for tpu tensors `inputs` (laid out as the
-    /// recorded run's), each as `(tensor, size, stride, offset)`: a
-    /// contiguous tensor holding the output's storage and the view of it.
-    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyList>) -> PyResult<Vec<Placed<'py>>> {
+    /// The graph's outputs for `inputs`, each laid out as in the recorded
+    /// run; `None` when an input is not a tpu tensor laid out (and held) as
+    /// the recorded run's were.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: &Bound<'py, PyList>,
+    ) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+        if inputs.len() != self.inputs.len() {
+            return Ok(None);
+        }
         let mut values = Vec::with_capacity(inputs.len() + self.constants.len());
-        for t in inputs.iter() {
-            let view = View::of(&t)?
-                .ok_or_else(|| BridgeError::internal("a replayed graph's input is not on tpu"))?;
-            values.push(view.storage.get().value()?);
+        for (t, (device, layout)) in inputs.iter().zip(&self.inputs) {
+            let Some(view) = View::of(&t)? else {
+                return Ok(None);
+            };
+            let storage = view.storage.get();
+            if storage.device() != *device || view.layout != *layout {
+                return Ok(None);
+            }
+            values.push(storage.value()?);
         }
         values.extend(self.constants.iter().cloned());
+        if !self.block.accepts(&values) {
+            return Ok(None);
+        }
         crate::interrupt::check()?;
         // Inside another graph's recording, each call must be noted there.
         let nested = Recording::here(&mut recording()).is_some();
-        let results = if nested || !self.block.accepts(&values) {
+        let results = if nested {
             self.run_each(&values)?
         } else {
             let policy = crate::kernels::current()?;
@@ -354,14 +372,9 @@ impl Replay {
                 Out::Input(i) => values[i].clone(),
                 Out::Result(k) => results[k].clone(),
             };
-            out.push((
-                wrap(py, value)?,
-                layout.size.clone(),
-                layout.stride.clone(),
-                layout.offset,
-            ));
+            out.push(wrap_as(py, value, layout)?);
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Recorded calls.

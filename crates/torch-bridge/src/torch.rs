@@ -154,14 +154,20 @@ impl View {
 
 /// A new torch tensor on `tpu` holding `value` (contiguous).
 pub fn wrap<'py>(py: Python<'py>, value: Tensor) -> Result<Bound<'py, PyAny>> {
-    let size = value.shape().dims().to_vec();
-    tensor_over(py, &size, Storage::holding(value)?)
+    let layout = Layout::contiguous(value.shape().dims());
+    tensor_over(py, &layout, Storage::holding(value)?)
+}
+
+/// A new torch tensor on `tpu`: the view `layout` of a storage holding
+/// `value` (whose elements the layout stays within).
+pub fn wrap_as<'py>(py: Python<'py>, value: Tensor, layout: &Layout) -> Result<Bound<'py, PyAny>> {
+    tensor_over(py, layout, Storage::holding(value)?)
 }
 
 /// A new torch tensor on `tpu` holding `padded`'s elements (contiguous).
 pub fn wrap_padded(py: Python<'_>, padded: Padded) -> Result<Bound<'_, PyAny>> {
-    let size = padded.shape();
-    tensor_over(py, &size, Storage::holding_padded(padded)?)
+    let layout = Layout::contiguous(&padded.shape());
+    tensor_over(py, &layout, Storage::holding_padded(padded)?)
 }
 
 /// A new, unwritten torch tensor on `tpu:device` of `size` (contiguous).
@@ -182,16 +188,16 @@ pub fn empty<'py>(
     }
     tensor_over(
         py,
-        size,
+        &Layout::contiguous(size),
         Storage::empty(dtype, size.iter().product(), device)?,
     )
 }
 
-/// A contiguous torch tensor of `size` over a new torch storage that
+/// A torch tensor laid out as `layout` over a new torch storage that
 /// carries `storage`: as many bytes as it holds, at its own address.
 fn tensor_over<'py>(
     py: Python<'py>,
-    size: &[usize],
+    layout: &Layout,
     storage: Storage,
 ) -> Result<Bound<'py, PyAny>> {
     let api = api(py)?;
@@ -208,14 +214,13 @@ fn tensor_over<'py>(
         0 => api.create_empty.bind(py).call1((EMPTY, dtype))?,
         n => api.create_empty_on.bind(py).call1((n, dtype))?,
     };
-    let stride = crate::storage::contiguous_strides(size);
     api.set_storage.bind(py).call1((
         api.cpu_keys.bind(py),
         &t,
         &raw,
-        0,
-        PyList::new(py, size)?,
-        PyList::new(py, stride)?,
+        layout.offset,
+        PyList::new(py, &layout.size)?,
+        PyList::new(py, &layout.stride)?,
     ))?;
     raw.setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
     Ok(t)

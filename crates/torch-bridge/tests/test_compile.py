@@ -160,3 +160,35 @@ def test_a_graph_that_raises_keeps_its_error_and_runs_again():
     for _ in range(2):  # recorded, then replayed
         assert_close(run([x])[0], torch.full((3,), 2.0))
     assert len(calls) == 2
+
+
+def test_a_replay_runs_only_on_inputs_laid_out_as_recorded():
+    """Other strides, offsets or storage sizes record a run of their own;
+    each layout seen replays from then on."""
+    from torch_tpu_rs._compile import _fused
+
+    calls = []
+
+    def graph(x):
+        calls.append(x)
+        return [x * 2 + 1, (x * 3).t()[1:]]
+
+    run = _fused(graph, None)
+    base = torch.arange(24.0)
+    layouts = [
+        lambda t: t[:12].reshape(3, 4),  # contiguous
+        lambda t: t[:12].reshape(4, 3).t(),  # transposed
+        lambda t: t[1:13].reshape(3, 4),  # offset into a larger storage
+        lambda t: t.reshape(3, 8)[:, :4],  # strided rows
+    ]
+    strides = {}
+    for rounds in range(3):
+        for k, view in enumerate(layouts):
+            cpu = view(base * (rounds + 1))
+            got, window = run([view((base * (rounds + 1)).to("tpu"))])
+            assert got.shape == cpu.shape
+            assert_close(got, cpu * 2 + 1)
+            assert_close(window, (cpu * 3).t()[1:])
+            # Replayed outputs are laid out as the recorded run's.
+            assert strides.setdefault(k, (got.stride(), window.stride())) == (got.stride(), window.stride())
+        assert len(calls) == len(layouts), "each layout records once"

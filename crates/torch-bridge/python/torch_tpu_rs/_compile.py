@@ -5,8 +5,9 @@ recorded and compiled as one fused program (cached by its structure)::
     model = torch.compile(model, backend="tpu_rs")
 
 The first run of a graph for given input layouts also records the tpu-rs
-calls its aten kernels make; later runs replay them from Rust, without
-going through PyTorch's dispatcher and the Python kernels op by op. A run
+calls its aten kernels make; later runs on inputs laid out the same replay
+them from Rust as one block, without going through PyTorch's dispatcher and
+the Python kernels op by op. A run
 that reads values back, draws random numbers, writes into its inputs or
 runs a backward rule of the bridge's is not recorded, and runs as the
 first did.
@@ -48,17 +49,24 @@ def _layouts(args):
     return tuple(key)
 
 
+# Recorded runs kept per graph, one per input layout seen.
+_MAX_REPLAYS = 8
+
+
 def _fused(graph_module, example_inputs):
     from torch._functorch.aot_autograd import make_boxed_func
 
-    replays = {}
+    replays = []
+    unreplayable = set()
 
     def run(*args):
-        key = _layouts(args)
         with _deferred():
-            if key is not None and replays.get(key) is not None:
-                return [t.as_strided(size, stride, offset) for t, size, stride, offset in replays[key].run(list(args))]
-            if key is None or key in replays:
+            for replay in replays:
+                out = replay.run(list(args))
+                if out is not None:
+                    return out
+            key = _layouts(args)
+            if key is None or key in unreplayable or len(replays) >= _MAX_REPLAYS:
                 return graph_module(*args)
             _C.record_start(list(args))
             try:
@@ -67,7 +75,11 @@ def _fused(graph_module, example_inputs):
                 _C.record_stop(None)
                 raise
             tensors = isinstance(out, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in out)
-            replays[key] = _C.record_stop(list(out) if tensors else None)
+            replay = _C.record_stop(list(out) if tensors else None)
+            if replay is None:
+                unreplayable.add(key)
+            else:
+                replays.append(replay)
             return out
 
     return make_boxed_func(run)

@@ -2,7 +2,7 @@
 //! buffers, and how to lower the live part of it into one program.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use tpu_core::op::{Attrs, OpDef, OpId};
@@ -36,13 +36,35 @@ pub(crate) struct Node {
     pub location: CallSite,
 }
 
+/// Hashes tokens: unique counters need no keyed hash, only their bits
+/// spread (Fibonacci hashing).
+#[derive(Default)]
+pub(crate) struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// The recorded, not yet executed ops of one device.
 #[derive(Default)]
 pub(crate) struct Graph {
     pub nodes: Vec<Node>,
     pub externals: Vec<Arc<Buffer>>,
-    /// Token of a pending tensor -> (node, output).
-    pub tokens: HashMap<u64, (usize, usize)>,
+    /// Token of a pending tensor -> (node, output); outputs no tensor
+    /// holds (a block's inner values) are not listed.
+    pub tokens: HashMap<u64, (usize, usize), BuildHasherDefault<TokenHasher>>,
     /// Per node: its kind (see [`Node::kind`]).
     pub kinds: Vec<u64>,
     /// Per node: its op and where its inputs come from, but not their
@@ -56,6 +78,14 @@ pub(crate) struct Graph {
 impl Graph {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// Room for `n` more nodes.
+    pub fn reserve(&mut self, n: usize) {
+        self.nodes.reserve(n);
+        self.kinds.reserve(n);
+        self.outlines.reserve(n);
+        self.fingerprints.reserve(n);
     }
 
     /// The index of `buffer` among the externals, adding it if new.
@@ -96,7 +126,9 @@ impl Graph {
         node.inputs.hash(&mut h);
         let index = self.nodes.len();
         for (o, out) in node.outputs.iter().enumerate() {
-            self.tokens.insert(out.token, (index, o));
+            if out.tensor.is_alive() {
+                self.tokens.insert(out.token, (index, o));
+            }
             self.pending_bytes += out.ty.shape.numel() * out.ty.dtype.size_in_bytes();
         }
         self.kinds.push(kind);

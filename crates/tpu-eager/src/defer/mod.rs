@@ -266,6 +266,7 @@ impl DeferAndFuse {
                 }
             };
             let base = state.graph.nodes.len();
+            state.graph.reserve(block.calls().len());
             let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
             for (c, call) in block.calls().iter().enumerate() {
                 let node_inputs = call
