@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -99,13 +100,23 @@ impl Recording {
 
 static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
 
+/// Whether a recording is under way: every op asks, and mostly none is.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
 fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
     RECORDING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The recording slot, when a recording may be under way.
+fn while_recording() -> Option<std::sync::MutexGuard<'static, Option<Recording>>> {
+    ACTIVE.load(Ordering::Acquire).then(recording)
+}
+
 /// Notes op call `op` on `inputs` giving `outputs`, while recording.
 pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outputs: &[Tensor]) {
-    let mut slot = recording();
+    let Some(mut slot) = while_recording() else {
+        return;
+    };
     let Some(rec) = Recording::here(&mut slot).filter(|r| r.broken.is_none()) else {
         return;
     };
@@ -130,7 +141,10 @@ pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outp
 
 /// Marks the run being recorded as not replayable, for `why`.
 pub fn note_unreplayable(why: &str) {
-    if let Some(rec) = Recording::here(&mut recording()) {
+    let Some(mut slot) = while_recording() else {
+        return;
+    };
+    if let Some(rec) = Recording::here(&mut slot) {
         rec.broken.get_or_insert_with(|| why.to_string());
     }
 }
@@ -138,7 +152,10 @@ pub fn note_unreplayable(why: &str) {
 /// Notes that a storage holding `old` is written, while recording: a graph
 /// input written in place cannot be replayed.
 pub fn note_write(old: Option<&Tensor>) {
-    if let (Some(rec), Some(old)) = (Recording::here(&mut recording()), old)
+    let Some(mut slot) = while_recording() else {
+        return;
+    };
+    if let (Some(rec), Some(old)) = (Recording::here(&mut slot), old)
         && rec.inputs.contains_key(&old.id())
     {
         rec.broken
@@ -291,6 +308,7 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
         rec.input_layouts.push((storage.device(), view.layout));
     }
     *recording() = Some(rec);
+    ACTIVE.store(true, Ordering::Release);
     Ok(())
 }
 
@@ -299,7 +317,9 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
 /// returned something other than tensors).
 #[pyfunction]
 pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Replay>> {
-    let (Some(rec), Some(outputs)) = (recording().take(), outputs) else {
+    let taken = recording().take();
+    ACTIVE.store(false, Ordering::Release);
+    let (Some(rec), Some(outputs)) = (taken, outputs) else {
         return Ok(None);
     };
     if rec.broken.is_some() {
@@ -354,15 +374,18 @@ impl Replay {
         }
         crate::interrupt::check()?;
         // Inside another graph's recording, each call must be noted there.
-        let nested = Recording::here(&mut recording()).is_some();
+        let nested = while_recording().is_some_and(|mut slot| Recording::here(&mut slot).is_some());
         let results = if nested {
             self.run_each(&values)?
         } else {
             let policy = crate::kernels::current()?;
             let _scope = EagerModeGuard::with_policy(policy.clone());
             crate::profile::from_python(|| -> Result<Vec<Tensor>> {
-                let _span = profile::span("replay", "graph");
+                let mut span = profile::span("replay", "graph");
                 let location = profile::call_site(Location::caller());
+                if span.recording() {
+                    span.arg("at", location.to_string());
+                }
                 Ok(policy.dispatch_block(&self.block, &values, self.device, location)?)
             })?
         };

@@ -99,6 +99,8 @@ def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(mon
     # The recorded calls join the pending graph as one block, not op by op.
     assert ("replay", "graph") in spans
     assert not [s for s in spans if s[0] == "op"], spans
+    (replay,) = [e for e in events if e.get("cat") == "replay"]
+    assert "test_compile.py" in replay["args"]["at"], replay
 
 
 def test_replayed_outputs_that_share_a_value_or_are_inputs_stay_apart(mode):
