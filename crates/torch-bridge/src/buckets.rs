@@ -24,7 +24,7 @@ use tpu_core::{DType, Tensor};
 
 use crate::args::scalar;
 use crate::error::{BridgeError, Result};
-use crate::kernels::{call1, cast};
+use crate::kernels::{call, call1, cast};
 use crate::storage::Padded;
 use crate::torch::{View, dtype_of, wrap, wrap_padded};
 
@@ -260,6 +260,95 @@ pub fn padded_keys<'py>(
         wrap(py, v.value)?,
         wrap(py, len)?,
     )))
+}
+
+/// `t` in `dtype` (`.to(dtype)`, `clone`) when `t` views all of a padded
+/// storage: the padded value cast, held padded alike, so a mask grown by
+/// `cat` stays padded; `None` otherwise.
+#[pyfunction]
+pub fn padded_copy<'py>(
+    py: Python<'py>,
+    t: &Bound<'py, PyAny>,
+    dtype: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(p) = held_padded_while_on(t)? else {
+        return Ok(None);
+    };
+    let padded = Padded {
+        value: cast(p.value, dtype_of(dtype)?)?,
+        dim: p.dim,
+        len: p.len,
+    };
+    Ok(Some(wrap_padded(py, padded)?))
+}
+
+/// `constant_pad_nd(t, pad, value)` when `t` views all of a padded storage
+/// and `pad` only appends along its padded dim (a mask padded to a static
+/// cache's length): read from the padded value, with the elements past the
+/// held length set to `value` at run time, so the program is built once per
+/// bucket rather than per length. `None` otherwise.
+#[pyfunction]
+pub fn padded_pad<'py>(
+    py: Python<'py>,
+    t: &Bound<'py, PyAny>,
+    pad: Vec<i64>,
+    value: f64,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let Some(p) = held_padded_while_on(t)? else {
+        return Ok(None);
+    };
+    let rank = p.value.shape().rank();
+    // `pad` lists (before, after) pairs from the last dim backwards.
+    let after = 2 * (rank - 1 - p.dim) + 1;
+    let appends_only = pad.len() % 2 == 0
+        && pad.len() <= 2 * rank
+        && after < pad.len()
+        && pad[after] > 0
+        && pad.iter().enumerate().all(|(i, &v)| i == after || v == 0);
+    if !appends_only {
+        return Ok(None);
+    }
+    let target = p.len + pad[after] as usize;
+    let device = match p.value.device() {
+        tpu_core::Device::Tpu(d) => d,
+        tpu_core::Device::Cpu => return Ok(None),
+    };
+    let capacity = p.capacity();
+    let base = if capacity >= target {
+        let attrs = Attrs::new()
+            .with("dim", p.dim)
+            .with("start", 0)
+            .with("end", target);
+        call1("slice", std::slice::from_ref(&p.value), &attrs)?
+    } else {
+        let mut grow = vec![0i64; 2 * (rank - p.dim)];
+        grow[after] = (target - capacity) as i64;
+        let attrs = Attrs::new().with("pad", grow).with("value", value);
+        call1("pad", std::slice::from_ref(&p.value), &attrs)?
+    };
+    let mut line = vec![1usize; rank];
+    line[p.dim] = target;
+    let attrs = Attrs::new()
+        .with("shape", line)
+        .with("dim", p.dim)
+        .with("dtype", DType::I64);
+    let index = call("iota", &[], &attrs, device)?.remove(0);
+    let held = call1(
+        "lt",
+        &[index, scalar(DType::I64, p.len as f64, device)?],
+        &Attrs::new(),
+    )?;
+    let fill = scalar(p.value.dtype(), value, device)?;
+    let out = call1("where", &[held, base, fill], &Attrs::new())?;
+    Ok(Some(wrap(py, out)?))
+}
+
+/// [`held_padded`] while buckets are on (asked first: it is cheaper).
+fn held_padded_while_on(t: &Bound<'_, PyAny>) -> Result<Option<Padded>> {
+    if current()?.is_empty() {
+        return Ok(None);
+    }
+    held_padded(t)
 }
 
 /// The padded value of a tpu tensor that views all of a padded storage.

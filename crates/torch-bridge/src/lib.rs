@@ -76,6 +76,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::run, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::concat, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::padded_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::padded_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(buckets::padded_pad, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::set_shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_into, m)?)?;

@@ -267,3 +267,73 @@ def test_generate_of_a_left_padded_batch_with_buckets_gives_cpus_tokens(mode, na
         with torch.tpu.set_shape_buckets("pow2"):
             got = copy.deepcopy(model).to("tpu").generate(prompt.to("tpu"), attention_mask=mask.to("tpu"), **kwargs)
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
+def test_copies_and_end_padding_of_a_grown_tensor_equal_the_cpus(mode, buckets, dtype):
+    """A mask grown by ``cat`` and then cast, cloned or padded at its end to
+    a fixed length (what Hugging Face does for a static cache) equals the
+    CPU's at every length, within a bucket and across one; pads elsewhere
+    still take the ordinary path."""
+    cpu = torch.ones(2, 5).to(dtype)
+    tpu = cpu.to("tpu")
+    for n in range(6, 40):
+        step = (torch.arange(2).unsqueeze(1) + n).remainder(3).to(dtype)
+        cpu, tpu = torch.cat([cpu, step], 1), torch.cat([tpu, step.to("tpu")], 1)
+        assert_close(tpu.to(torch.bool), cpu.to(torch.bool))
+        assert_close(tpu.to(torch.float32) * 2, cpu.to(torch.float32) * 2)
+        assert_close(tpu.clone(), cpu.clone())
+        for target, value in ((40, 0), (64, 1), (70, 0)):
+            pad = (0, target - n)
+            assert_close(torch.nn.functional.pad(tpu, pad, value=value), torch.nn.functional.pad(cpu, pad, value=value))
+    for pad in ((1, 2), (0, 2, 1, 0), (0, -3)):
+        assert_close(torch.nn.functional.pad(tpu, pad), torch.nn.functional.pad(cpu, pad))
+
+
+def test_a_mask_padded_to_a_fixed_length_builds_programs_per_bucket(buckets):
+    def grow(steps):
+        mask = torch.ones(2, 9, dtype=torch.int64, device="tpu")
+        for _ in range(steps):
+            mask = torch.cat([mask, mask[:, -1:]], -1)
+            full = torch.nn.functional.pad(mask.to(torch.bool), (0, 64 - mask.shape[1]))
+        torch.tpu.synchronize()
+        return full
+
+    grow(50)  # warm-up: every bucket
+    before = _built()
+    full = grow(50)
+    assert _built() - before == 0
+    assert torch.equal(full.cpu(), torch.arange(64).lt(59).expand(2, 64))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_left_padded_batch_with_a_static_cache_and_buckets_builds_few_programs(mode, name):
+    """Hugging Face pads the grown attention mask to the static cache's
+    length every step; with buckets that reads the padded mask, so 48 new
+    tokens build at most 16 programs after a warm-up, with the CPU's tokens."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+        model = transformers.GPT2LMHeadModel(config).eval()
+    else:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+            intermediate_size=128, vocab_size=256, max_position_embeddings=128,
+        )
+        model = transformers.LlamaForCausalLM(config).eval()
+    prompt = (torch.arange(32) * 7 + 3).remainder(256).view(2, 16)
+    mask = torch.ones_like(prompt)
+    mask[1, :5] = 0
+    kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        want = model.generate(prompt, attention_mask=mask, **kwargs)
+        torch._dynamo.reset()
+        tpu_model = copy.deepcopy(model).to("tpu")
+        with torch.tpu.set_shape_buckets("pow2"):
+            warm = dict(kwargs, max_new_tokens=4, min_new_tokens=4)
+            tpu_model.generate(prompt.to("tpu"), attention_mask=mask.to("tpu"), **warm)
+            before = _built()
+            got = tpu_model.generate(prompt.to("tpu"), attention_mask=mask.to("tpu"), **kwargs)
+            built = _built() - before
+    assert torch.equal(got.cpu(), want)
+    assert built <= 16, built

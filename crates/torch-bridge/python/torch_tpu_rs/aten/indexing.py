@@ -271,7 +271,10 @@ def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, 
 
 @kernel("constant_pad_nd")
 def constant_pad_nd(self, pad, value=0):
-    return run("pad", [self], {"pad": list(pad), "value": float(value)})
+    # With shape buckets on, a padded tensor padded further along its
+    # growing dim reads its padded storage.
+    padded = _C.padded_pad(self, list(pad), float(value))
+    return run("pad", [self], {"pad": list(pad), "value": float(value)}) if padded is None else padded
 
 
 def _arange(start, end, step, dtype):

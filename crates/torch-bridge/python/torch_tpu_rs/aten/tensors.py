@@ -103,7 +103,11 @@ def _dense(self, memory_format):
 
 def _same_values(self, dtype):
     """A new contiguous tensor with ``self``'s values in ``dtype``: a
-    reshape shares the (immutable) value, so it costs no program."""
+    reshape shares the (immutable) value, so it costs no program. With
+    shape buckets on, a padded tensor's copy stays padded."""
+    padded = _C.padded_copy(self, dtype)
+    if padded is not None:
+        return padded
     if dtype == self.dtype:
         return run("reshape", [self], {"shape": list(self.shape)})
     return run("cast", [self], {"dtype": dtype})
