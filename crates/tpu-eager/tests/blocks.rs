@@ -193,3 +193,14 @@ fn a_block_that_reads_a_later_value_or_returns_one_twice_is_refused() {
     );
     assert!(matches!(missing, Err(Error::InvalidInput { .. })));
 }
+
+#[test]
+fn an_empty_block_gives_nothing_in_every_mode() {
+    let _serial = serial();
+    let x = ramp(&[2], 1.0, Device::Tpu(0));
+    let block = Block::new(vec![x.ty().clone()], vec![], vec![]).unwrap();
+    for mode in MODES {
+        let out = with_eager_mode(mode, || run(&block, std::slice::from_ref(&x)).unwrap()).unwrap();
+        assert!(out.is_empty(), "{mode}");
+    }
+}

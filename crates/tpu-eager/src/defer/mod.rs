@@ -233,7 +233,8 @@ impl DeferAndFuse {
 
     /// Records `block` into the pending graph of `device` in one step: no
     /// inference and no lock per call, and tensors only for the block's
-    /// outputs. A block larger than the op cap runs call by call.
+    /// outputs. An empty block, or one larger than the op cap, runs call by
+    /// call.
     fn record_block(
         &self,
         block: &Block,
@@ -241,8 +242,9 @@ impl DeferAndFuse {
         device: usize,
         location: CallSite,
     ) -> Result<Vec<Tensor>> {
+        let calls = block.calls().len();
         let me: Arc<dyn ExecutionPolicy> = match self.me.upgrade() {
-            Some(me) if block.fusible() && block.calls().len() <= self.config.max_ops => me,
+            Some(me) if block.fusible() && (1..=self.config.max_ops).contains(&calls) => me,
             _ => return block.run_each(self, inputs, device, location),
         };
         block.check(inputs, device)?;
@@ -252,7 +254,7 @@ impl DeferAndFuse {
             if std::mem::take(&mut state.repeat_cut) {
                 self.cut(state, device, CutReason::RepeatedSequence)?;
             }
-            if state.graph.nodes.len() + block.calls().len() > self.config.max_ops {
+            if state.graph.nodes.len() + calls > self.config.max_ops {
                 self.cut(state, device, CutReason::PendingCap)?;
             }
             let srcs = match Self::resolve(&mut state.graph, inputs) {
@@ -266,7 +268,7 @@ impl DeferAndFuse {
                 }
             };
             let base = state.graph.nodes.len();
-            state.graph.reserve(block.calls().len());
+            state.graph.reserve(calls);
             let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
             for (c, call) in block.calls().iter().enumerate() {
                 let node_inputs = call
