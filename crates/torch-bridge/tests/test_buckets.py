@@ -23,6 +23,19 @@ def buckets():
         yield
 
 
+def _tiny_causal_lm(name):
+    """A 2-layer GPT-2 or Llama with a 256-token vocabulary."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+        return transformers.GPT2LMHeadModel(config).eval()
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+        intermediate_size=128, vocab_size=256, max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
 def _built():
     m = torch.tpu.metrics()
     return m["compiles"] + m["disk_cache_hits"]
@@ -213,16 +226,7 @@ def test_generate_with_buckets_gives_cpus_tokens_and_few_programs(mode, name, ca
     shorter warm-up, at most 16 programs built for 48 new tokens. With a
     static cache the decode step is a compiled graph (replayed), and the
     buckets hold the generated ids Hugging Face grows around it."""
-    torch.manual_seed(0)
-    if name == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
-        model = transformers.GPT2LMHeadModel(config).eval()
-    else:
-        config = transformers.LlamaConfig(
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-            intermediate_size=128, vocab_size=256, max_position_embeddings=128,
-        )
-        model = transformers.LlamaForCausalLM(config).eval()
+    model = _tiny_causal_lm(name)
     prompt = (torch.arange(16) * 7 + 3).remainder(256).unsqueeze(0)
     kwargs = dict(max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0)
     if cache == "static":
@@ -311,16 +315,7 @@ def test_a_left_padded_batch_with_a_static_cache_and_buckets_builds_few_programs
     """Hugging Face pads the grown attention mask to the static cache's
     length every step; with buckets that reads the padded mask, so 48 new
     tokens build at most 16 programs after a warm-up, with the CPU's tokens."""
-    torch.manual_seed(0)
-    if name == "gpt2":
-        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
-        model = transformers.GPT2LMHeadModel(config).eval()
-    else:
-        config = transformers.LlamaConfig(
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-            intermediate_size=128, vocab_size=256, max_position_embeddings=128,
-        )
-        model = transformers.LlamaForCausalLM(config).eval()
+    model = _tiny_causal_lm(name)
     prompt = (torch.arange(32) * 7 + 3).remainder(256).view(2, 16)
     mask = torch.ones_like(prompt)
     mask[1, :5] = 0

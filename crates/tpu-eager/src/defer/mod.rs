@@ -33,6 +33,7 @@ use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::profile::{self, CallSite, Detail};
 use tpu_core::recompile::{self, OpSignature};
 use tpu_core::settings::{self, Lookup};
+use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue, WeakTensor};
 
 use crate::Strict;
@@ -121,6 +122,25 @@ pub struct DeferAndFuse {
 /// Tokens are unique across instances, so a token names its graph.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
+/// A new pending output of type `ty` on `device`, and its node record.
+fn pending(me: &Arc<dyn ExecutionPolicy>, ty: &TensorType, device: usize) -> (Tensor, Output) {
+    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    let t = Tensor::pending(
+        ty.clone(),
+        Device::Tpu(device),
+        Pending {
+            policy: me.clone(),
+            token,
+        },
+    );
+    let out = Output {
+        ty: ty.clone(),
+        tensor: t.downgrade(),
+        token,
+    };
+    (t, out)
+}
+
 enum Resolved {
     Ready(Vec<Src>),
     /// These inputs must be materialised first (outside the lock).
@@ -179,42 +199,15 @@ impl DeferAndFuse {
             Some(me) => me,
             None => return self.strict.run(call),
         };
-        loop {
-            let mut devices = self.lock();
-            let state = devices.entry(call.device).or_default();
-            if std::mem::take(&mut state.repeat_cut) {
-                self.cut(state, call.device, CutReason::RepeatedSequence)?;
-            }
-            let srcs = match Self::resolve(&mut state.graph, call.inputs) {
-                Resolved::Ready(srcs) => srcs,
-                Resolved::Materialize(tensors) => {
-                    drop(devices);
-                    for t in tensors {
-                        t.buffer()?;
-                    }
-                    continue;
-                }
-            };
+        self.append(call.device, call.inputs, 1, |graph, srcs| {
             let mut tensors = Vec::with_capacity(call.outputs.len());
             let mut outputs = Vec::with_capacity(call.outputs.len());
             for ty in &call.outputs {
-                let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-                let t = Tensor::pending(
-                    ty.clone(),
-                    Device::Tpu(call.device),
-                    Pending {
-                        policy: me.clone(),
-                        token,
-                    },
-                );
-                outputs.push(Output {
-                    ty: ty.clone(),
-                    tensor: t.downgrade(),
-                    token,
-                });
+                let (t, out) = pending(&me, ty, call.device);
+                outputs.push(out);
                 tensors.push(t);
             }
-            state.graph.push(Node {
+            graph.push(Node {
                 op: call.op,
                 id: call.id,
                 attrs: call.attrs.clone(),
@@ -222,13 +215,8 @@ impl DeferAndFuse {
                 outputs,
                 location: call.location,
             });
-            match self.cut_now(state) {
-                Some(CutReason::RepeatedSequence) => state.repeat_cut = true,
-                Some(reason) => self.cut_split(state, call.device, reason)?,
-                None => {}
-            }
-            return Ok(tensors);
-        }
+            tensors
+        })
     }
 
     /// Records `block` into the pending graph of `device` in one step: no
@@ -248,27 +236,9 @@ impl DeferAndFuse {
             _ => return block.run_each(self, inputs, device, location),
         };
         block.check(inputs, device)?;
-        loop {
-            let mut devices = self.lock();
-            let state = devices.entry(device).or_default();
-            if std::mem::take(&mut state.repeat_cut) {
-                self.cut(state, device, CutReason::RepeatedSequence)?;
-            }
-            if state.graph.nodes.len() + calls > self.config.max_ops {
-                self.cut(state, device, CutReason::PendingCap)?;
-            }
-            let srcs = match Self::resolve(&mut state.graph, inputs) {
-                Resolved::Ready(srcs) => srcs,
-                Resolved::Materialize(tensors) => {
-                    drop(devices);
-                    for t in tensors {
-                        t.buffer()?;
-                    }
-                    continue;
-                }
-            };
-            let base = state.graph.nodes.len();
-            state.graph.reserve(calls);
+        let results = self.append(device, inputs, calls, |graph, srcs| {
+            let base = graph.nodes.len();
+            graph.reserve(calls);
             let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
             for (c, call) in block.calls().iter().enumerate() {
                 let node_inputs = call
@@ -281,29 +251,20 @@ impl DeferAndFuse {
                     .collect();
                 let mut outputs = Vec::with_capacity(call.outputs.len());
                 for (j, ty) in call.outputs.iter().enumerate() {
-                    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
                     // Values only the block reads stay inside the program.
-                    let tensor = match block.slot(c, j) {
+                    let out = match block.slot(c, j) {
                         Some(k) => {
-                            let t = Tensor::pending(
-                                ty.clone(),
-                                Device::Tpu(device),
-                                Pending {
-                                    policy: me.clone(),
-                                    token,
-                                },
-                            );
-                            let weak = t.downgrade();
+                            let (t, out) = pending(&me, ty, device);
                             results[k] = Some(t);
-                            weak
+                            out
                         }
-                        None => WeakTensor::default(),
+                        None => Output {
+                            ty: ty.clone(),
+                            tensor: WeakTensor::default(),
+                            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+                        },
                     };
-                    outputs.push(Output {
-                        ty: ty.clone(),
-                        tensor,
-                        token,
-                    });
+                    outputs.push(out);
                 }
                 let node = Node {
                     op: call.op,
@@ -313,17 +274,53 @@ impl DeferAndFuse {
                     outputs,
                     location,
                 };
-                state.graph.push_kind(node, block.kind(c));
+                graph.push_kind(node, block.kind(c));
             }
+            results
+        })?;
+        results
+            .into_iter()
+            .collect::<Option<Vec<Tensor>>>()
+            .ok_or_else(|| Error::Signature("a recorded block lost an output".into()))
+    }
+
+    /// Appends `ops` nodes reading `inputs` to `device`'s pending graph:
+    /// once the inputs resolve to sources in it (those that cannot are
+    /// materialised first), `push` adds the nodes; then the graph is cut if
+    /// it should be.
+    fn append<R>(
+        &self,
+        device: usize,
+        inputs: &[Tensor],
+        ops: usize,
+        mut push: impl FnMut(&mut Graph, Vec<Src>) -> R,
+    ) -> Result<R> {
+        loop {
+            let mut devices = self.lock();
+            let state = devices.entry(device).or_default();
+            if std::mem::take(&mut state.repeat_cut) {
+                self.cut(state, device, CutReason::RepeatedSequence)?;
+            }
+            if state.graph.nodes.len() + ops > self.config.max_ops {
+                self.cut(state, device, CutReason::PendingCap)?;
+            }
+            let srcs = match Self::resolve(&mut state.graph, inputs) {
+                Resolved::Ready(srcs) => srcs,
+                Resolved::Materialize(tensors) => {
+                    drop(devices);
+                    for t in tensors {
+                        t.buffer()?;
+                    }
+                    continue;
+                }
+            };
+            let pushed = push(&mut state.graph, srcs);
             match self.cut_now(state) {
                 Some(CutReason::RepeatedSequence) => state.repeat_cut = true,
                 Some(reason) => self.cut_split(state, device, reason)?,
                 None => {}
             }
-            return results
-                .into_iter()
-                .collect::<Option<Vec<Tensor>>>()
-                .ok_or_else(|| Error::Signature("a recorded block lost an output".into()));
+            return Ok(pushed);
         }
     }
 
