@@ -219,71 +219,6 @@ impl DeferAndFuse {
         })
     }
 
-    /// Records `block` into the pending graph of `device` in one step: no
-    /// inference and no lock per call, and tensors only for the block's
-    /// outputs. An empty block, or one larger than the op cap, runs call by
-    /// call.
-    fn record_block(
-        &self,
-        block: &Block,
-        inputs: &[Tensor],
-        device: usize,
-        location: CallSite,
-    ) -> Result<Vec<Tensor>> {
-        let calls = block.calls().len();
-        let me: Arc<dyn ExecutionPolicy> = match self.me.upgrade() {
-            Some(me) if block.fusible() && (1..=self.config.max_ops).contains(&calls) => me,
-            _ => return block.run_each(self, inputs, device, location),
-        };
-        block.check(inputs, device)?;
-        let results = self.append(device, inputs, calls, |graph, srcs| {
-            let base = graph.nodes.len();
-            graph.reserve(calls);
-            let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
-            for (c, call) in block.calls().iter().enumerate() {
-                let node_inputs = call
-                    .inputs
-                    .iter()
-                    .map(|&src| match src {
-                        BlockSrc::Input(i) => srcs[i],
-                        BlockSrc::Output(d, j) => Src::Node(base + d, j),
-                    })
-                    .collect();
-                let mut outputs = Vec::with_capacity(call.outputs.len());
-                for (j, ty) in call.outputs.iter().enumerate() {
-                    // Values only the block reads stay inside the program.
-                    let out = match block.slot(c, j) {
-                        Some(k) => {
-                            let (t, out) = pending(&me, ty, device);
-                            results[k] = Some(t);
-                            out
-                        }
-                        None => Output {
-                            ty: ty.clone(),
-                            tensor: WeakTensor::default(),
-                            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
-                        },
-                    };
-                    outputs.push(out);
-                }
-                let node = Node {
-                    op: call.op,
-                    id: call.id,
-                    attrs: call.attrs.clone(),
-                    inputs: node_inputs,
-                    outputs,
-                    location,
-                };
-                graph.push_kind(node, block.kind(c));
-            }
-            results
-        })?;
-        results
-            .into_iter()
-            .collect::<Option<Vec<Tensor>>>()
-            .ok_or_else(|| Error::Signature("a recorded block lost an output".into()))
-    }
-
     /// Appends `ops` nodes reading `inputs` to `device`'s pending graph:
     /// once the inputs resolve to sources in it (those that cannot are
     /// materialised first), `push` adds the nodes; then the graph is cut if
@@ -770,6 +705,10 @@ impl ExecutionPolicy for DeferAndFuse {
         self.record(&call)
     }
 
+    /// Records `block` into the pending graph of `device` in one step: no
+    /// inference and no lock per call, and tensors only for the block's
+    /// outputs. An empty block, or one larger than the op cap, runs call by
+    /// call.
     fn dispatch_block(
         &self,
         block: &Block,
@@ -777,7 +716,58 @@ impl ExecutionPolicy for DeferAndFuse {
         device: usize,
         location: CallSite,
     ) -> Result<Vec<Tensor>> {
-        self.record_block(block, inputs, device, location)
+        let calls = block.calls().len();
+        let me: Arc<dyn ExecutionPolicy> = match self.me.upgrade() {
+            Some(me) if block.fusible() && (1..=self.config.max_ops).contains(&calls) => me,
+            _ => return block.run_each(self, inputs, device, location),
+        };
+        block.check(inputs, device)?;
+        let results = self.append(device, inputs, calls, |graph, srcs| {
+            let base = graph.nodes.len();
+            graph.reserve(calls);
+            let mut results: Vec<Option<Tensor>> = vec![None; block.outputs().len()];
+            for (c, call) in block.calls().iter().enumerate() {
+                let node_inputs = call
+                    .inputs
+                    .iter()
+                    .map(|&src| match src {
+                        BlockSrc::Input(i) => srcs[i],
+                        BlockSrc::Output(d, j) => Src::Node(base + d, j),
+                    })
+                    .collect();
+                let mut outputs = Vec::with_capacity(call.outputs.len());
+                for (j, ty) in call.outputs.iter().enumerate() {
+                    // Values only the block reads stay inside the program.
+                    let out = match block.slot(c, j) {
+                        Some(k) => {
+                            let (t, out) = pending(&me, ty, device);
+                            results[k] = Some(t);
+                            out
+                        }
+                        None => Output {
+                            ty: ty.clone(),
+                            tensor: WeakTensor::default(),
+                            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+                        },
+                    };
+                    outputs.push(out);
+                }
+                let node = Node {
+                    op: call.op,
+                    id: call.id,
+                    attrs: call.attrs.clone(),
+                    inputs: node_inputs,
+                    outputs,
+                    location,
+                };
+                graph.push_kind(node, block.kind(c));
+            }
+            results
+        })?;
+        results
+            .into_iter()
+            .collect::<Option<Vec<Tensor>>>()
+            .ok_or_else(|| Error::Signature("a recorded block lost an output".into()))
     }
 
     fn materialize(&self, tensor: &Tensor) -> Result<()> {
