@@ -13,6 +13,7 @@
 
 mod debug;
 mod defer;
+mod lru;
 mod strict;
 
 use std::sync::Arc;

@@ -3,7 +3,6 @@
 //! runs no program: its output shares its input's buffer, and the next
 //! program to read it reshapes it inside.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +13,8 @@ use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::recompile::{self, OpSignature};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Result, Runtime, Shape, Tensor};
+
+use crate::lru::{KEPT, Lru};
 
 /// The op whose output is its input's elements under a new shape.
 const RESHAPE: &str = "reshape";
@@ -45,10 +46,18 @@ impl Entry {
 }
 
 /// The Strict policy.
-#[derive(Default)]
 pub struct Strict {
-    /// Executables by a hash of the call's key; entries are compared in full.
-    executables: Mutex<HashMap<u64, Vec<Entry>>>,
+    /// Executables by a hash of the call's key; entries are compared in
+    /// full. The least recently used go once [`KEPT`] hashes are held.
+    executables: Mutex<Lru<u64, Vec<Entry>>>,
+}
+
+impl Default for Strict {
+    fn default() -> Strict {
+        Strict {
+            executables: Mutex::new(Lru::new(KEPT)),
+        }
+    }
 }
 
 fn call_hash(call: &OpCall<'_>, buffers: &[Arc<Buffer>]) -> u64 {
@@ -74,9 +83,9 @@ impl Strict {
     fn executable(&self, call: &OpCall<'_>, buffers: &[Arc<Buffer>]) -> Result<Arc<Executable>> {
         let hash = call_hash(call, buffers);
         {
-            let table = self.executables.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.executables.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(e) = table
-                .get(&hash)
+                .get_mut(&hash)
                 .and_then(|es| es.iter().find(|e| e.matches(call, buffers)))
             {
                 return Ok(e.executable.clone());
@@ -109,12 +118,11 @@ impl Strict {
             device: call.device,
             executable: executable.clone(),
         };
-        self.executables
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(hash)
-            .or_default()
-            .push(entry);
+        let mut table = self.executables.lock().unwrap_or_else(|e| e.into_inner());
+        match table.get_mut(&hash) {
+            Some(entries) => entries.push(entry),
+            None => table.insert(hash, vec![entry]),
+        }
         Ok(executable)
     }
 

@@ -37,6 +37,7 @@ use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue, WeakTensor};
 
 use crate::Strict;
+use crate::lru::{KEPT, Lru};
 
 /// Limits on a pending graph.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,8 +115,9 @@ pub struct DeferAndFuse {
     me: Weak<DeferAndFuse>,
     config: DeferConfig,
     devices: Mutex<HashMap<usize, DeviceState>>,
-    /// Executables of graphs already cut, by structure.
-    plans: Mutex<HashMap<PlanKey, Arc<Executable>>>,
+    /// Executables of graphs already cut, by structure; the least
+    /// recently used go once [`KEPT`] are held.
+    plans: Mutex<Lru<PlanKey, Arc<Executable>>>,
     strict: Strict,
 }
 
@@ -158,7 +160,7 @@ impl DeferAndFuse {
             me: me.clone(),
             config,
             devices: Mutex::new(HashMap::new()),
-            plans: Mutex::new(HashMap::new()),
+            plans: Mutex::new(Lru::new(KEPT)),
             strict: Strict::new(),
         })
     }
@@ -466,8 +468,8 @@ impl DeferAndFuse {
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&Self::plan_key(graph, plan, device))
-            .cloned()
+            .get_mut(&Self::plan_key(graph, plan, device))
+            .map(|exe| exe.clone())
     }
 
     /// The executable of a cut, compiled unless [`DeferAndFuse::cached`].
