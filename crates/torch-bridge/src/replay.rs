@@ -26,7 +26,7 @@ use tpu_core::policy::EagerModeGuard;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Tensor, profile};
 
-use crate::error::{BridgeError, Result};
+use crate::error::Result;
 use crate::kernels::call;
 use crate::storage::Layout;
 use crate::torch::{View, wrap_as};
@@ -254,31 +254,8 @@ impl Replay {
     /// The block's outputs for `values`, call by call through the Python
     /// kernels' path (with inference, and noted in a recording under way).
     fn run_each(&self, values: &[Tensor]) -> Result<Vec<Tensor>> {
-        let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.block.calls().len());
-        for c in self.block.calls() {
-            let xs: Vec<Tensor> = c
-                .inputs
-                .iter()
-                .map(|&s| match s {
-                    BlockSrc::Input(i) => values[i].clone(),
-                    BlockSrc::Output(d, j) => results[d][j].clone(),
-                })
-                .collect();
-            let outs = call(c.op.name, &xs, &c.attrs, self.device)?;
-            if outs.len() != c.outputs.len() {
-                return Err(BridgeError::internal(format!(
-                    "replayed `{}` changed its outputs",
-                    c.op.name
-                )));
-            }
-            results.push(outs);
-        }
-        Ok(self
-            .block
-            .outputs()
-            .iter()
-            .map(|&(c, j)| results[c][j].clone())
-            .collect())
+        self.block
+            .run_with(values, |c, xs| call(c.op.name, xs, &c.attrs, self.device))
     }
 }
 

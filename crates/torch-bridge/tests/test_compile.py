@@ -194,3 +194,26 @@ def test_a_replay_runs_only_on_inputs_laid_out_as_recorded():
             # Replayed outputs are laid out as the recorded run's.
             assert strides.setdefault(k, (got.stride(), window.stride())) == (got.stride(), window.stride())
         assert len(calls) == len(layouts), "each layout records once"
+
+
+def test_a_replay_inside_another_graphs_recording_is_recorded_there(mode):
+    """A recorded graph run while another graph is being recorded runs its
+    calls through the kernels, so the outer recording sees them; the outer
+    graph then replays them on new inputs."""
+    from torch_tpu_rs._compile import _fused
+
+    inner = _fused(lambda x: [torch.tanh(x) * 3], None)
+    x = torch.randn(5, device="tpu")
+    for _ in range(2):  # recorded, then replayed
+        inner([x])
+    outer_calls = []
+
+    def outer_graph(x, y):
+        outer_calls.append(1)
+        return [inner([x + y])[0] - y]
+
+    outer = _fused(outer_graph, None)
+    for _ in range(3):
+        a, b = torch.randn(5), torch.randn(5)
+        assert_close(outer([a.to("tpu"), b.to("tpu")])[0], torch.tanh(a + b) * 3 - b)
+    assert len(outer_calls) == 1, "recorded once, then replayed"

@@ -178,6 +178,27 @@ impl Block {
         location: CallSite,
     ) -> Result<Vec<Tensor>> {
         self.check(inputs, device)?;
+        self.run_with(inputs, |call, xs| {
+            let _span = profile::span("op", call.op.name);
+            policy.dispatch(OpCall {
+                op: call.op,
+                id: call.id,
+                inputs: xs,
+                attrs: &call.attrs,
+                device,
+                outputs: call.outputs.clone(),
+                location,
+            })
+        })
+    }
+
+    /// The block's outputs when `run` gives each call's outputs from its
+    /// inputs (resolved against `inputs` and earlier calls' outputs).
+    pub fn run_with<E: From<Error>>(
+        &self,
+        inputs: &[Tensor],
+        mut run: impl FnMut(&BlockCall, &[Tensor]) -> std::result::Result<Vec<Tensor>, E>,
+    ) -> std::result::Result<Vec<Tensor>, E> {
         let mut results: Vec<Vec<Tensor>> = Vec::with_capacity(self.calls.len());
         for call in &self.calls {
             let xs: Vec<Tensor> = call
@@ -188,23 +209,15 @@ impl Block {
                     BlockSrc::Output(c, j) => results[c][j].clone(),
                 })
                 .collect();
-            let _span = profile::span("op", call.op.name);
-            let outs = policy.dispatch(OpCall {
-                op: call.op,
-                id: call.id,
-                inputs: &xs,
-                attrs: &call.attrs,
-                device,
-                outputs: call.outputs.clone(),
-                location,
-            })?;
+            let outs = run(call, &xs)?;
             if outs.len() != call.outputs.len() {
                 return Err(Error::Signature(format!(
                     "`{}` in a recorded block gave {} outputs, not {}",
                     call.op.name,
                     outs.len(),
                     call.outputs.len()
-                )));
+                ))
+                .into());
             }
             results.push(outs);
         }
