@@ -421,7 +421,9 @@ impl DeferAndFuse {
         let plan = plan(&graph, results, &needed);
         if split
             && let Some(changed) = changed_ops(state, &mut graph)
-            && self.cached(&graph, &plan, device).is_none()
+            && self
+                .cached(&Self::plan_key(&graph, &plan, device))
+                .is_none()
         {
             let phases = phases(&graph, &changed);
             self.replay(state, device, graph, Some(&phases))?;
@@ -464,11 +466,11 @@ impl DeferAndFuse {
         }
     }
 
-    fn cached(&self, graph: &Graph, plan: &Plan, device: usize) -> Option<Arc<Executable>> {
+    fn cached(&self, key: &PlanKey) -> Option<Arc<Executable>> {
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&Self::plan_key(graph, plan, device))
+            .get_mut(key)
             .map(|exe| exe.clone())
     }
 
@@ -481,11 +483,11 @@ impl DeferAndFuse {
         device: usize,
         reason: CutReason,
     ) -> Result<Arc<Executable>> {
-        if let Some(exe) = self.cached(graph, plan, device) {
+        let key = Self::plan_key(graph, plan, device);
+        if let Some(exe) = self.cached(&key) {
             record_cache_hit();
             return Ok(exe);
         }
-        let key = Self::plan_key(graph, plan, device);
         let program = lower(graph, plan, needed, None)?;
         if let Some(dir) = &self.config.dump_dir
             && let Err(e) = dump::write(dir, graph, plan, needed, reason, &program)
