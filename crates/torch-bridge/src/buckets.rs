@@ -212,16 +212,10 @@ impl Plan {
             None => (view.read()?, view.layout.size[self.dim]),
         };
         let value = cast(value, dtype)?;
-        let have = value.shape().dims()[self.dim];
-        if have >= self.capacity {
+        if value.shape().dims()[self.dim] >= self.capacity {
             return Ok((value, len));
         }
-        // `pad` lists (before, after) pairs from the last dim backwards.
-        let rank = value.shape().rank();
-        let mut pad = vec![0i64; 2 * (rank - self.dim)];
-        pad[2 * (rank - 1 - self.dim) + 1] = (self.capacity - have) as i64;
-        let attrs = Attrs::new().with("pad", pad).with("value", 0.0);
-        Ok((call1("pad", &[value], &attrs)?, len))
+        Ok((resized(value, self.dim, self.capacity, 0.0)?, len))
     }
 }
 
@@ -250,9 +244,8 @@ pub fn padded_keys<'py>(
     if !alike {
         return Ok(None);
     }
-    let device = match k.value.device() {
-        tpu_core::Device::Tpu(d) => d,
-        tpu_core::Device::Cpu => return Ok(None),
+    let Some(device) = tpu_index(&k.value) else {
+        return Ok(None);
     };
     let len = scalar(DType::I64, k.len as f64, device)?;
     Ok(Some((
@@ -309,23 +302,10 @@ pub fn padded_pad<'py>(
         return Ok(None);
     }
     let target = p.len + pad[after] as usize;
-    let device = match p.value.device() {
-        tpu_core::Device::Tpu(d) => d,
-        tpu_core::Device::Cpu => return Ok(None),
+    let Some(device) = tpu_index(&p.value) else {
+        return Ok(None);
     };
-    let capacity = p.capacity();
-    let base = if capacity >= target {
-        let attrs = Attrs::new()
-            .with("dim", p.dim)
-            .with("start", 0)
-            .with("end", target);
-        call1("slice", std::slice::from_ref(&p.value), &attrs)?
-    } else {
-        let mut grow = vec![0i64; 2 * (rank - p.dim)];
-        grow[after] = (target - capacity) as i64;
-        let attrs = Attrs::new().with("pad", grow).with("value", value);
-        call1("pad", std::slice::from_ref(&p.value), &attrs)?
-    };
+    let base = resized(p.value.clone(), p.dim, target, value)?;
     let mut line = vec![1usize; rank];
     line[p.dim] = target;
     let attrs = Attrs::new()
@@ -341,6 +321,35 @@ pub fn padded_pad<'py>(
     let fill = scalar(p.value.dtype(), value, device)?;
     let out = call1("where", &[held, base, fill], &Attrs::new())?;
     Ok(Some(wrap(py, out)?))
+}
+
+/// `value` cut or grown (with `fill`) to `len` along `dim`.
+fn resized(value: Tensor, dim: usize, len: usize, fill: f64) -> Result<Tensor> {
+    let have = value.shape().dims()[dim];
+    if have == len {
+        return Ok(value);
+    }
+    if have > len {
+        let attrs = Attrs::new()
+            .with("dim", dim)
+            .with("start", 0)
+            .with("end", len);
+        return call1("slice", &[value], &attrs);
+    }
+    // `pad` lists (before, after) pairs from the last dim backwards.
+    let rank = value.shape().rank();
+    let mut pad = vec![0i64; 2 * (rank - dim)];
+    pad[2 * (rank - 1 - dim) + 1] = (len - have) as i64;
+    let attrs = Attrs::new().with("pad", pad).with("value", fill);
+    call1("pad", &[value], &attrs)
+}
+
+/// The index of the tpu device holding `value`.
+fn tpu_index(value: &Tensor) -> Option<usize> {
+    match value.device() {
+        tpu_core::Device::Tpu(d) => Some(d),
+        tpu_core::Device::Cpu => None,
+    }
 }
 
 /// [`held_padded`] while buckets are on (asked first: it is cheaper).
