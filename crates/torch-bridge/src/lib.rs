@@ -12,6 +12,7 @@ mod args;
 mod buckets;
 mod device;
 mod dist;
+mod dlpack;
 mod error;
 mod interrupt;
 mod kernels;

@@ -35,6 +35,8 @@ struct Api {
     /// `torch_tpu_rs._devices.empty_tensor`: `create_empty` for `tpu:n`.
     create_empty_on: Py<PyAny>,
     construct_storage: Py<PyAny>,
+    /// `torch._C._from_dlpack`: a tensor over a DLPack description.
+    from_dlpack: Py<PyAny>,
     /// `aten::set_.source_Storage_storage_offset`'s redispatch, and the CPU
     /// key set it runs under: the CPU kernel binds a storage to a tensor
     /// without resizing it.
@@ -68,6 +70,7 @@ fn api(py: Python<'_>) -> PyResult<&'static Api> {
                 .getattr("empty_tensor")?
                 .unbind(),
             construct_storage: c.getattr("_construct_storage_from_data_pointer")?.unbind(),
+            from_dlpack: c.getattr("_from_dlpack")?.unbind(),
             set_storage: torch
                 .getattr("ops")?
                 .getattr("aten")?
@@ -194,7 +197,9 @@ pub fn empty<'py>(
 }
 
 /// A torch tensor laid out as `layout` over a new torch storage that
-/// carries `storage`: as many bytes as it holds, at its own address.
+/// carries `storage`: as many bytes as it holds, at its own address. A
+/// layout covering the storage densely is described to torch through
+/// DLPack (one call); any other binds the storage to an empty tensor.
 fn tensor_over<'py>(
     py: Python<'py>,
     layout: &Layout,
@@ -204,6 +209,20 @@ fn tensor_over<'py>(
     let device = api.devices.get(storage.device()).ok_or_else(|| {
         BridgeError::internal(format!("no torch device for tpu:{}", storage.device()))
     })?;
+    let described = crate::dlpack::capsule(
+        py,
+        storage.address(),
+        storage.device(),
+        storage.dtype(),
+        storage.numel(),
+        layout,
+    )?;
+    if let Some(capsule) = described {
+        let t = api.from_dlpack.bind(py).call1((capsule,))?;
+        t.call_method0(intern!(py, "untyped_storage"))?
+            .setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
+        return Ok(t);
+    }
     let raw = api.construct_storage.bind(py).call1((
         storage.address(),
         device.bind(py),

@@ -16,6 +16,29 @@ def test_storages_hold_their_bytes_at_distinct_addresses():
     assert a.t().data_ptr() == a.data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.bfloat16, torch.float64])
+def test_results_are_released_with_their_last_tensor(dtype, mode):
+    # A result's storage reaches torch through DLPack; its views share it.
+    x = torch.ones(4, 3, dtype=dtype, device="tpu")
+
+    def make():
+        computed = [(x.float() + i).to(dtype) for i in range(50)]
+        return computed + [r[1:] for r in computed]
+
+    make()  # the shared device scalars (`+ i`) stay cached
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    results = make()
+    torch.tpu.synchronize()
+    assert len({r.data_ptr() for r in results[:50]}) == 50
+    assert all(r.untyped_storage().nbytes() == x.untyped_storage().nbytes() for r in results)
+    assert all(r.dtype == dtype and r.device == x.device for r in results)
+    assert torch.tpu.memory_allocated() > before
+    del results
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() == before
+
+
 @pytest.mark.parametrize(
     "fn",
     [
