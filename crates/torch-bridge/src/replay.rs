@@ -8,10 +8,11 @@
 //! or a constant the graph holds. The recording becomes a
 //! [`Block`](tpu_core::block::Block) over the graph's inputs and constants,
 //! and later runs hand it to the policy on the new inputs in one call
-//! (DeferAndFuse adds it to its pending graph at once). A run that reads
-//! values back to the host, draws random numbers, writes into a graph
-//! input or takes the gradient of an op is not recorded (its result could
-//! depend on more than the inputs).
+//! (DeferAndFuse adds it to its pending graph at once). Writes into a graph
+//! input (a KV cache updated in place) are recorded too: a replay binds the
+//! written values to the new inputs' storages. A run that reads values back
+//! to the host, draws random numbers or takes the gradient of an op is not
+//! recorded (its result could depend on more than the inputs).
 
 use std::collections::HashMap;
 use std::panic::Location;
@@ -64,6 +65,10 @@ struct Recording {
     /// Outputs of recorded calls, by tensor id.
     outputs: HashMap<u64, (usize, usize)>,
     calls: Vec<Call>,
+    /// Values written into graph inputs' storages, in order.
+    writes: Vec<(usize, Tensor)>,
+    /// The input whose storage holds a written value, by tensor id.
+    written: HashMap<u64, usize>,
     /// Why the run cannot be replayed, once something says so.
     broken: Option<String>,
 }
@@ -77,6 +82,8 @@ impl Recording {
             input_layouts: Vec::new(),
             outputs: HashMap::new(),
             calls: Vec::new(),
+            writes: Vec::new(),
+            written: HashMap::new(),
             broken: None,
         }
     }
@@ -149,17 +156,22 @@ pub fn note_unreplayable(why: &str) {
     }
 }
 
-/// Notes that a storage holding `old` is written, while recording: a graph
-/// input written in place cannot be replayed.
-pub fn note_write(old: Option<&Tensor>) {
+/// Notes that a storage holding `old` now holds `new`, while recording:
+/// when it is a graph input's storage, a replay writes `new` there too.
+pub fn note_write(old: Option<&Tensor>, new: &Tensor) {
     let Some(mut slot) = while_recording() else {
         return;
     };
-    if let (Some(rec), Some(old)) = (Recording::here(&mut slot), old)
-        && rec.inputs.contains_key(&old.id())
-    {
-        rec.broken
-            .get_or_insert_with(|| "a graph input is written in place".to_string());
+    let (Some(rec), Some(old)) = (Recording::here(&mut slot), old) else {
+        return;
+    };
+    let input = rec
+        .inputs
+        .get(&old.id())
+        .or_else(|| rec.written.get(&old.id()));
+    if let Some(&i) = input {
+        rec.writes.push((i, new.clone()));
+        rec.written.insert(new.id(), i);
     }
 }
 
@@ -181,11 +193,18 @@ pub struct Replay {
     inputs: Vec<(usize, Layout)>,
     constants: Vec<Tensor>,
     outputs: Vec<(Out, Layout)>,
+    /// The value each written graph input's storage ends with.
+    writes: Vec<(usize, Out)>,
 }
 
 impl Replay {
-    /// The replay of a finished recording whose outputs are `outputs`.
-    fn new(rec: Recording, outputs: Vec<(Source, Layout)>) -> Result<Option<Replay>> {
+    /// The replay of a finished recording whose outputs are `outputs` and
+    /// whose graph inputs `writes` name end holding the given values.
+    fn new(
+        rec: Recording,
+        outputs: Vec<(Source, Layout)>,
+        writes: Vec<(usize, Source)>,
+    ) -> Result<Option<Replay>> {
         let mut devices = rec.calls.iter().map(|c| c.device);
         let device = devices.next().unwrap_or(0);
         if devices.any(|d| d != device) {
@@ -223,11 +242,10 @@ impl Replay {
             });
         }
         let mut results: Vec<(usize, usize)> = Vec::new();
-        let mut placed = Vec::with_capacity(outputs.len());
-        for (source, layout) in outputs {
-            let out = match input(&source) {
-                Some(BlockSrc::Input(i)) => Out::Input(i),
-                Some(BlockSrc::Output(c, j)) => {
+        let mut out = |source: &Source| -> Option<Out> {
+            Some(match input(source)? {
+                BlockSrc::Input(i) => Out::Input(i),
+                BlockSrc::Output(c, j) => {
                     // Two outputs may share a value (a clone shares it).
                     let k = match results.iter().position(|&r| r == (c, j)) {
                         Some(k) => k,
@@ -238,9 +256,21 @@ impl Replay {
                     };
                     Out::Result(k)
                 }
-                None => return Ok(None),
+            })
+        };
+        let mut placed = Vec::with_capacity(outputs.len());
+        for (source, layout) in outputs {
+            let Some(o) = out(&source) else {
+                return Ok(None);
             };
-            placed.push((out, layout));
+            placed.push((o, layout));
+        }
+        let mut written = Vec::with_capacity(writes.len());
+        for (i, source) in writes {
+            let Some(o) = out(&source) else {
+                return Ok(None);
+            };
+            written.push((i, o));
         }
         Ok(Some(Replay {
             block: Block::new(types, calls, results)?,
@@ -248,6 +278,7 @@ impl Replay {
             inputs: rec.input_layouts,
             constants,
             outputs: placed,
+            writes: written,
         }))
     }
 
@@ -275,18 +306,25 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
             break;
         }
         // A value two inputs share, or one the graph may also use as a
-        // constant (a shared scalar), cannot be traced to one input.
-        let value = storage.value()?;
-        if tpu_core::scalars::is_shared(&value) || rec.inputs.insert(value.id(), i).is_some() {
-            rec.broken = Some(format!("graph input {i}'s value is shared"));
-            break;
+        // constant (a shared scalar), cannot be traced to one input: the
+        // storage gets a handle of its own over the same elements.
+        let mut value = storage.value()?;
+        if tpu_core::scalars::is_shared(&value) || rec.inputs.contains_key(&value.id()) {
+            value = own_handle(&value)?;
+            storage.set(value.clone())?;
         }
+        rec.inputs.insert(value.id(), i);
         rec.input_types.push(value.ty().clone());
         rec.input_layouts.push((storage.device(), view.layout));
     }
     *recording() = Some(rec);
     ACTIVE.store(true, Ordering::Release);
     Ok(())
+}
+
+/// A new handle over `value`'s elements, told apart from `value` by id.
+fn own_handle(value: &Tensor) -> Result<Tensor> {
+    Ok(Tensor::reshaped(value.elements()?, value.ty().clone())?)
 }
 
 /// Stops recording; the replay of the run that gave `outputs`, or `None`
@@ -318,7 +356,14 @@ pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Repla
         let value = storage.value()?;
         placed.push((rec.source(&value), view.layout));
     }
-    Ok(Replay::new(rec, placed)?)
+    // What each written input ends with (its last write).
+    let mut writes: Vec<(usize, Source)> = Vec::new();
+    for (i, value) in rec.writes.iter().rev() {
+        if writes.iter().all(|(j, _)| j != i) {
+            writes.push((*i, rec.source(value)));
+        }
+    }
+    Ok(Replay::new(rec, placed, writes)?)
 }
 
 #[pymethods]
@@ -335,6 +380,7 @@ impl Replay {
             return Ok(None);
         }
         let mut values = Vec::with_capacity(inputs.len() + self.constants.len());
+        let mut storages = Vec::with_capacity(inputs.len());
         for (t, (device, layout)) in inputs.iter().zip(&self.inputs) {
             let Some(view) = View::of(&t)? else {
                 return Ok(None);
@@ -344,6 +390,7 @@ impl Replay {
                 return Ok(None);
             }
             values.push(storage.value()?);
+            storages.push(view.storage);
         }
         values.extend(self.constants.iter().cloned());
         if !self.block.accepts(&values) {
@@ -366,13 +413,16 @@ impl Replay {
                 Ok(policy.dispatch_block(&self.block, &values, self.device, location)?)
             })?
         };
+        let value = |source: &Out| match *source {
+            Out::Input(i) => values[i].clone(),
+            Out::Result(k) => results[k].clone(),
+        };
+        for (i, source) in &self.writes {
+            storages[*i].get().set(value(source))?;
+        }
         let mut out = Vec::with_capacity(self.outputs.len());
         for (source, layout) in &self.outputs {
-            let value = match *source {
-                Out::Input(i) => values[i].clone(),
-                Out::Result(k) => results[k].clone(),
-            };
-            out.push(wrap_as(py, value, layout)?);
+            out.push(wrap_as(py, value(source), layout)?);
         }
         Ok(Some(out))
     }

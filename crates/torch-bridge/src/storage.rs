@@ -245,7 +245,7 @@ impl Storage {
         }
         crate::writes::note(&value);
         let mut slot = self.lock();
-        crate::replay::note_write(slot.compact.as_ref());
+        crate::replay::note_write(slot.compact.as_ref(), &value);
         *slot = Slot {
             compact: Some(value),
             padded: None,

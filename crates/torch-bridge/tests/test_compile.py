@@ -44,8 +44,8 @@ def test_replayed_runs_follow_new_inputs_and_train_like_the_cpu(mode):
 
 
 def test_graphs_that_cannot_be_replayed_still_run_each_time(mode):
-    """Random numbers differ per call; a value read back inside the graph
-    and an input written in place are seen as on the CPU."""
+    """Random numbers differ per call; an input written in place is seen as
+    on the CPU."""
     torch._dynamo.reset()
 
     def noisy(x):
@@ -67,6 +67,39 @@ def test_graphs_that_cannot_be_replayed_still_run_each_time(mode):
         x = torch.randn(3)
         assert_close(compiled(buf, x.to("tpu")), bump(cpu_buf, x))
         assert_close(buf, cpu_buf)
+
+
+def test_a_replay_writes_into_its_inputs_as_the_graph_did(monkeypatch, mode):
+    """A decode step updates its static KV cache in place: the replay makes
+    the graph's writes itself (into whole inputs, rows of them, and inputs
+    that are views of a larger tensor), with no kernel call after it."""
+    torch._dynamo.reset()
+
+    def step(cache, total, window, pos, x):
+        cache.index_copy_(1, pos, x)
+        total.add_(x.sum())
+        window.mul_(2).add_(total)
+        return cache.sum(1) * total
+
+    compiled = torch.compile(step, backend="tpu_rs")
+    cache, total, base = torch.zeros(2, 6, 3), torch.zeros(()), torch.arange(8.0)
+    tpu = [t.to("tpu") for t in (cache, total, base)]
+    with torch.no_grad():
+        for i in range(4):
+            pos, x = torch.tensor([i]), torch.randn(2, 1, 3)
+            want = step(cache, total, base[2:5], pos, x)
+            args = (tpu[0], tpu[1], tpu[2][2:5], pos.to("tpu"), x.to("tpu"))
+            calls = []
+            if i == 3:  # recorded, then replayed
+                for name in ("run", "run_into", "copy_into"):
+                    real = getattr(torch_tpu_rs._C, name)
+                    monkeypatch.setattr(torch_tpu_rs._C, name, lambda *a, _r=real, **k: calls.append(a) or _r(*a, **k))
+            got = compiled(*args)
+            monkeypatch.undo()
+            assert calls == []
+            assert_close(got, want)
+            for t, c in zip(tpu, (cache, total, base)):
+                assert_close(t, c)
 
 
 def test_a_replayed_graph_launches_as_one_program_without_the_python_kernels(monkeypatch, tmp_path):

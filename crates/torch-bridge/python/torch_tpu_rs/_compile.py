@@ -7,10 +7,11 @@ recorded and compiled as one fused program (cached by its structure)::
 The first run of a graph for given input layouts also records the tpu-rs
 calls its aten kernels make; later runs on inputs laid out the same replay
 them from Rust as one block, without going through PyTorch's dispatcher and
-the Python kernels op by op. A run
-that reads values back, draws random numbers, writes into its inputs or
-runs a backward rule of the bridge's is not recorded, and runs as the
-first did.
+the Python kernels op by op. An inference graph keeps its writes into its
+inputs (a static KV cache's update) inside the graph, so the replay makes
+them too, instead of PyTorch copying each result back after the run. A run
+that reads values back, draws random numbers or runs a backward rule of the
+bridge's is not recorded, and runs as the first did.
 
 It is also registered as ``"tpu"``, the name Hugging Face's ``generate``
 compiles a tpu model's decode step with when it uses a static KV cache.
@@ -90,4 +91,6 @@ def tpu_rs(graph_module, example_inputs, **kwargs):
     graphs."""
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_fused, bw_compiler=_fused)(graph_module, example_inputs, **kwargs)
+    return aot_autograd(fw_compiler=_fused, bw_compiler=_fused, keep_inference_input_mutations=True)(
+        graph_module, example_inputs, **kwargs
+    )
