@@ -16,8 +16,8 @@
 
 use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -236,7 +236,7 @@ impl Replay {
             calls.push(BlockCall {
                 op: c.op,
                 id: c.id,
-                attrs: c.attrs,
+                attrs: Arc::new(c.attrs),
                 inputs,
                 outputs: c.outputs,
             });

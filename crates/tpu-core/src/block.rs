@@ -5,6 +5,7 @@
 //! (DeferAndFuse records it into its pending graph in one step).
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::op::{Attrs, Flags, OpDef, OpErrorKind, OpId};
@@ -28,8 +29,8 @@ pub struct BlockCall {
     pub op: &'static OpDef,
     /// Its interned id.
     pub id: OpId,
-    /// The attributes.
-    pub attrs: Attrs,
+    /// The attributes (shared with the graph nodes a policy makes of it).
+    pub attrs: Arc<Attrs>,
     /// Where each input comes from.
     pub inputs: Vec<BlockSrc>,
     /// The output types the call had when recorded.

@@ -32,7 +32,7 @@ fn block_call(name: &str, inputs: Vec<BlockSrc>, types: &[&TensorType], attrs: A
     BlockCall {
         op,
         id,
-        attrs,
+        attrs: std::sync::Arc::new(attrs),
         inputs,
         outputs,
     }

@@ -30,7 +30,7 @@ pub(crate) struct Output {
 pub(crate) struct Node {
     pub op: &'static OpDef,
     pub id: OpId,
-    pub attrs: Attrs,
+    pub attrs: Arc<Attrs>,
     pub inputs: Vec<Src>,
     pub outputs: Vec<Output>,
     pub location: CallSite,
@@ -54,6 +54,68 @@ impl Hasher for TokenHasher {
 
     fn write_u64(&mut self, n: u64) {
         self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Chains 64-bit words into a fingerprint with a folded 128-bit multiply
+/// per word (as wyhash and foldhash mix): every output bit depends on every
+/// input bit, at a fraction of SipHash's cost on the few words a node
+/// hashes. Fingerprints key compiled programs, so the mix must not be a
+/// weak one (a plain multiply or xor-rotate lets structured inputs collide).
+struct Fingerprint(u64);
+
+impl Fingerprint {
+    const SEED: u64 = 0x243f_6a88_85a3_08d3;
+    const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    fn new() -> Fingerprint {
+        Fingerprint(Self::SEED)
+    }
+
+    fn word(&mut self, w: u64) {
+        let m = u128::from(self.0 ^ w ^ Self::SEED) * u128::from(Self::MUL);
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+
+    fn srcs(&mut self, srcs: &[Src]) {
+        self.word(srcs.len() as u64);
+        for src in srcs {
+            match *src {
+                Src::External(i) => self.word(i as u64),
+                // The top bit tells a node from an external index.
+                Src::Node(n, o) => {
+                    self.word((1 << 63) | n as u64);
+                    self.word(o as u64);
+                }
+            }
+        }
+    }
+}
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.word(bytes.len() as u64);
+        for chunk in bytes.chunks(8) {
+            let mut w = [0; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.word(u64::from_le_bytes(w));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.word(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.word(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.word(n as u64);
     }
 }
 
@@ -117,13 +179,13 @@ impl Graph {
 
     /// [`Graph::push`] of a node whose [`tpu_core::block::kind`] is known.
     pub fn push_kind(&mut self, node: Node, kind: u64) {
-        let mut outline = std::collections::hash_map::DefaultHasher::new();
+        let mut outline = Fingerprint::new();
         node.id.hash(&mut outline);
-        node.inputs.hash(&mut outline);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.fingerprints.last().copied().unwrap_or(0).hash(&mut h);
-        kind.hash(&mut h);
-        node.inputs.hash(&mut h);
+        outline.srcs(&node.inputs);
+        let mut h = Fingerprint::new();
+        h.word(self.fingerprints.last().copied().unwrap_or(0));
+        h.word(kind);
+        h.srcs(&node.inputs);
         let index = self.nodes.len();
         for (o, out) in node.outputs.iter().enumerate() {
             if out.tensor.is_alive() {

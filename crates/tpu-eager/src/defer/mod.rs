@@ -212,7 +212,7 @@ impl DeferAndFuse {
             graph.push(Node {
                 op: call.op,
                 id: call.id,
-                attrs: call.attrs.clone(),
+                attrs: Arc::new(call.attrs.clone()),
                 inputs: srcs,
                 outputs,
                 location: call.location,
