@@ -65,7 +65,7 @@ struct Recording {
     /// Outputs of recorded calls, by tensor id.
     outputs: HashMap<u64, (usize, usize)>,
     calls: Vec<Call>,
-    /// Values written into graph inputs' storages, in order.
+    /// The last value written into each written graph input's storage.
     writes: Vec<(usize, Tensor)>,
     /// The input whose storage holds a written value, by tensor id.
     written: HashMap<u64, usize>,
@@ -170,7 +170,10 @@ pub fn note_write(old: Option<&Tensor>, new: &Tensor) {
         .get(&old.id())
         .or_else(|| rec.written.get(&old.id()));
     if let Some(&i) = input {
-        rec.writes.push((i, new.clone()));
+        match rec.writes.iter_mut().find(|(j, _)| *j == i) {
+            Some(last) => last.1 = new.clone(),
+            None => rec.writes.push((i, new.clone())),
+        }
         rec.written.insert(new.id(), i);
     }
 }
@@ -356,13 +359,11 @@ pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Repla
         let value = storage.value()?;
         placed.push((rec.source(&value), view.layout));
     }
-    // What each written input ends with (its last write).
-    let mut writes: Vec<(usize, Source)> = Vec::new();
-    for (i, value) in rec.writes.iter().rev() {
-        if writes.iter().all(|(j, _)| j != i) {
-            writes.push((*i, rec.source(value)));
-        }
-    }
+    let writes = rec
+        .writes
+        .iter()
+        .map(|(i, v)| (*i, rec.source(v)))
+        .collect();
     Ok(Replay::new(rec, placed, writes)?)
 }
 

@@ -44,8 +44,8 @@ def test_replayed_runs_follow_new_inputs_and_train_like_the_cpu(mode):
 
 
 def test_graphs_that_cannot_be_replayed_still_run_each_time(mode):
-    """Random numbers differ per call; an input written in place is seen as
-    on the CPU."""
+    """Random numbers differ per call (such a run is not recorded); an input
+    written in place (recorded, its write replayed) is seen as on the CPU."""
     torch._dynamo.reset()
 
     def noisy(x):
