@@ -210,13 +210,17 @@ def cpu_fallback_enabled():
     return os.environ.get("TORCH_TPU_CPU_FALLBACK", "0") == "1"
 
 
-def _to_cpu(x):
+def _to_cpu(x, copies):
+    """``x`` with every tpu tensor replaced by a CPU copy; ``copies`` maps
+    each tpu tensor's id to its copy, so a tensor passed twice is one copy."""
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        return x.cpu()
+        if id(x) not in copies:
+            copies[id(x)] = (x, x.cpu())
+        return copies[id(x)][1]
     if isinstance(x, dict):
-        return {k: _to_cpu(v) for k, v in x.items()}
+        return {k: _to_cpu(v, copies) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_cpu(v) for v in x)
+        return type(x)(_to_cpu(v, copies) for v in x)
     return x
 
 
@@ -228,6 +232,15 @@ def _to_tpu(x):
     return x
 
 
+def _written_tensors(value):
+    """The tensors of a written argument: one tensor, or a tensor list."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
 def _cpu_fallback(op, args, kwargs):
     name = str(op)
     if name not in _warned:
@@ -236,26 +249,37 @@ def _cpu_fallback(op, args, kwargs):
             f"{name} has no tpu kernel; running it on the CPU (TORCH_TPU_CPU_FALLBACK=1)",
             stacklevel=3,
         )
-    cpu_args, cpu_kwargs = _to_cpu(args), _to_cpu(kwargs)
+    copies = {}
+    cpu_args, cpu_kwargs = _to_cpu(args, copies), _to_cpu(kwargs, copies)
     result = op(*cpu_args, **cpu_kwargs)
-    # Mutated arguments (in-place self, out=) are written back, and returned
-    # as themselves.
+    # Every argument the schema marks written (in-place self, out=, tensor
+    # lists such as a fused optimizer's state) is written back to its tpu
+    # tensor, and a result that is one of them is returned as that tensor.
+    tpu_of = {id(cpu): t for t, cpu in copies.values()}
     written = {}
     for i, schema_arg in enumerate(op._schema.arguments):
         if schema_arg.alias_info is None or not schema_arg.alias_info.is_write:
             continue
-        arg, cpu_arg = (args[i], cpu_args[i]) if i < len(args) else (
-            kwargs.get(schema_arg.name), cpu_kwargs.get(schema_arg.name))
-        if isinstance(arg, torch.Tensor) and arg.device.type == "tpu":
-            if arg.shape != cpu_arg.shape:
-                arg.resize_(cpu_arg.shape)
-            _C.copy_into(arg, cpu_arg)
-            written[id(cpu_arg)] = arg
-    if isinstance(result, torch.Tensor) and id(result) in written:
-        return written[id(result)]
-    if isinstance(result, tuple):
-        return tuple(written.get(id(r)) or _to_tpu(r) for r in result)
-    return _to_tpu(result)
+        cpu_arg = cpu_args[i] if i < len(cpu_args) else cpu_kwargs.get(schema_arg.name)
+        for cpu_tensor in _written_tensors(cpu_arg):
+            target = tpu_of.get(id(cpu_tensor))
+            if target is None or id(cpu_tensor) in written:
+                continue
+            if target.shape != cpu_tensor.shape:
+                target.resize_(cpu_tensor.shape)
+            _C.copy_into(target, cpu_tensor)
+            written[id(cpu_tensor)] = target
+    return _results_on_tpu(result, written)
+
+
+def _results_on_tpu(result, written):
+    """``result`` with written arguments as their tpu tensors and every
+    other CPU tensor copied to tpu."""
+    if isinstance(result, torch.Tensor):
+        return written[id(result)] if id(result) in written else _to_tpu(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_results_on_tpu(r, written) for r in result)
+    return result
 
 
 class _Circular(Exception):
