@@ -87,6 +87,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::from_cpu, m)?)?;
     m.add_function(wrap_pyfunction!(ops::vjp, m)?)?;
     m.add_function(wrap_pyfunction!(random::manual_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(random::manual_seed_all, m)?)?;
     m.add_function(wrap_pyfunction!(random::initial_seed, m)?)?;
     m.add_function(wrap_pyfunction!(random::rng_state, m)?)?;
     m.add_function(wrap_pyfunction!(random::set_rng_state, m)?)?;

@@ -1,8 +1,10 @@
-//! The `tpu` random generator: a seed and a counter. Each random op draws
-//! a fresh `u32[2]` key (seed word, counter), so `torch.manual_seed`
-//! replays the same stream of draws.
+//! The `tpu` random generators, one per device: a seed and a counter. Each
+//! random op draws a fresh `u32[2]` key (seed word, counter) from its
+//! device's generator, so `torch.manual_seed` replays the same stream of
+//! draws.
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -14,21 +16,45 @@ use crate::kernels::{broadcast, call, cast};
 use crate::storage::write;
 use crate::torch::View;
 
+/// One device's generator.
+#[derive(Clone, Copy)]
 struct Generator {
     seed: u64,
     counter: u64,
 }
 
-static GENERATOR: Mutex<Generator> = Mutex::new(Generator {
-    seed: 67280421310721,
-    counter: 0,
+/// Every device's generator, as CUDA keeps one per device: a device not yet
+/// seeded on its own starts from `default_seed` (what `manual_seed_all`
+/// last set).
+struct Generators {
+    default_seed: u64,
+    devices: BTreeMap<usize, Generator>,
+}
+
+impl Generators {
+    fn of(&mut self, device: usize) -> &mut Generator {
+        let seed = self.default_seed;
+        self.devices
+            .entry(device)
+            .or_insert(Generator { seed, counter: 0 })
+    }
+}
+
+static GENERATORS: Mutex<Generators> = Mutex::new(Generators {
+    default_seed: 67280421310721,
+    devices: BTreeMap::new(),
 });
 
+fn generators() -> MutexGuard<'static, Generators> {
+    GENERATORS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn next_key(device: usize) -> Result<Tensor> {
-    let (seed, counter) = {
-        let mut g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    let Generator { seed, counter } = {
+        let mut all = generators();
+        let g = all.of(device);
         g.counter += 1;
-        (g.seed, g.counter)
+        *g
     };
     // Fold the 64-bit seed into one word; the counter makes each key new.
     let word = (seed ^ (seed >> 32)) as u32;
@@ -41,31 +67,38 @@ fn next_key(device: usize) -> Result<Tensor> {
     Ok(Tensor::from_host(key, Device::Tpu(device))?)
 }
 
-/// Restarts the generator at `seed` (`torch.manual_seed`).
+/// Restarts `tpu:device`'s generator at `seed` (`torch.tpu.manual_seed`).
 #[pyfunction]
-pub fn manual_seed(seed: u64) {
-    let mut g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
-    g.seed = seed;
-    g.counter = 0;
+pub fn manual_seed(device: usize, seed: u64) {
+    *generators().of(device) = Generator { seed, counter: 0 };
 }
 
-/// The seed the generator started from.
+/// Restarts every device's generator at `seed` (`torch.manual_seed`).
 #[pyfunction]
-pub fn initial_seed() -> u64 {
-    GENERATOR.lock().unwrap_or_else(|e| e.into_inner()).seed
+pub fn manual_seed_all(seed: u64) {
+    let mut all = generators();
+    all.default_seed = seed;
+    all.devices.clear();
 }
 
-/// The generator's whole state: its seed and how many keys it has drawn.
+/// The seed `tpu:device`'s generator started from.
 #[pyfunction]
-pub fn rng_state() -> (u64, u64) {
-    let g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
-    (g.seed, g.counter)
+pub fn initial_seed(device: usize) -> u64 {
+    generators().of(device).seed
 }
 
-/// Restores a state from [`rng_state`].
+/// `tpu:device`'s generator's whole state: its seed and how many keys it
+/// has drawn.
 #[pyfunction]
-pub fn set_rng_state(seed: u64, counter: u64) {
-    *GENERATOR.lock().unwrap_or_else(|e| e.into_inner()) = Generator { seed, counter };
+pub fn rng_state(device: usize) -> (u64, u64) {
+    let Generator { seed, counter } = *generators().of(device);
+    (seed, counter)
+}
+
+/// Restores a state from [`rng_state`] on `tpu:device`.
+#[pyfunction]
+pub fn set_rng_state(device: usize, seed: u64, counter: u64) {
+    *generators().of(device) = Generator { seed, counter };
 }
 
 /// Fills tpu tensor `out` with random op `op` (`uniform`, `normal`,

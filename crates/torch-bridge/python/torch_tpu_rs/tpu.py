@@ -19,6 +19,8 @@ __all__ = [
     "eager_mode",
     "get_device_name",
     "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
     "initial_seed",
     "is_available",
     "manual_seed",
@@ -29,8 +31,11 @@ __all__ = [
     "metrics",
     "reset_peak_memory_stats",
     "seed",
+    "seed_all",
     "set_device",
     "set_eager_mode",
+    "set_rng_state",
+    "set_rng_state_all",
     "set_shape_buckets",
     "shape_buckets",
     "synchronize",
@@ -56,6 +61,12 @@ def is_available():
 
 def is_initialized():
     return True
+
+
+# Read by torch.utils.checkpoint, which saves and restores a device's random
+# state only when its module says it is initialized (the plugin loads on
+# import, so it always is).
+_initialized = True
 
 
 def _is_in_bad_fork():
@@ -148,36 +159,63 @@ def synchronize(device=None):
     _C.synchronize()
 
 
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
 def manual_seed(seed):
-    """Seeds the tpu generator."""
-    _C.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+    """Seeds the current device's generator (as ``torch.cuda.manual_seed``)."""
+    _C.manual_seed(current_device(), int(seed) & _U64)
 
 
 def manual_seed_all(seed):
-    manual_seed(seed)
+    """Seeds every device's generator (``torch.manual_seed`` calls it)."""
+    _C.manual_seed_all(int(seed) & _U64)
 
 
 def seed():
+    """Seeds the current device's generator with a random number."""
     import random
 
     manual_seed(random.getrandbits(63))
 
 
+def seed_all():
+    """Seeds every device's generator with one random number."""
+    import random
+
+    manual_seed_all(random.getrandbits(63))
+
+
 def initial_seed():
-    return _C.initial_seed()
+    """The seed the current device's generator started from."""
+    return _C.initial_seed(current_device())
 
 
 def get_rng_state(device="tpu"):
-    """The generator's state (seed, keys drawn) as an int64 CPU tensor."""
-    seed, counter = _C.rng_state()
+    """``device``'s generator state (seed, keys drawn) as an int64 CPU tensor."""
+    seed, counter = _C.rng_state(_index(device))
     as_signed = lambda v: v - (1 << 64) if v >= 1 << 63 else v
     return torch.tensor([as_signed(seed), as_signed(counter)], dtype=torch.int64)
 
 
 def set_rng_state(state, device="tpu"):
-    """Restores a state from :func:`get_rng_state`."""
-    seed, counter = (int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in state.tolist())
-    _C.set_rng_state(seed, counter)
+    """Restores ``device``'s generator from :func:`get_rng_state`."""
+    values = state.tolist() if isinstance(state, torch.Tensor) else list(state)
+    if len(values) != 2:
+        raise ValueError(f"a tpu generator state has 2 values (seed, keys drawn), got {len(values)}")
+    seed, counter = (int(v) & _U64 for v in values)
+    _C.set_rng_state(_index(device), seed, counter)
+
+
+def get_rng_state_all():
+    """Every device's generator state, in device order."""
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states):
+    """Restores every device's generator from :func:`get_rng_state_all`."""
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
 
 
 def get_device_name(device=None):
