@@ -93,10 +93,7 @@ fn lower_bn(b: &mut Builder, x: &[Value], attrs: &Attrs) -> OpResult<Vec<Value>>
     let chan = |b: &mut Builder, v: &Value| b.broadcast_in_dim(v, &full, &[1]);
     let n = a.count as f64;
     let (centred, r, new_rm, new_rv) = if a.training {
-        let s = sum_in(b, xc, &a.dims);
-        let mean = scale_by(b, &s, 1.0 / n);
-        let mb = chan(b, &mean);
-        let xm = bin(b, "subtract", xc, &mb);
+        let (xm, mean) = centre(b, xc, &a.dims);
         let sq = bin(b, "multiply", &xm, &xm);
         let ss = sum_in(b, &sq, &a.dims);
         let var = scale_by(b, &ss, 1.0 / n);

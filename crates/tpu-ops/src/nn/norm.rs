@@ -98,10 +98,7 @@ fn lower_norm(kind: Kind, b: &mut Builder, x: &[Value], attrs: &Attrs) -> OpResu
     let xc = b.convert(&x[0], acc);
     let n = count(xc.dims(), &dims) as f64;
     let centred = if kind == Kind::Layer {
-        let s = sum_in(b, &xc, &dims);
-        let mean = scale_by(b, &s, 1.0 / n);
-        let mb = expand(b, &mean, xc.dims(), &dims);
-        bin(b, "subtract", &xc, &mb)
+        centre(b, &xc, &dims).0
     } else {
         xc.clone()
     };

@@ -127,6 +127,24 @@ pub(crate) fn scale_by(b: &mut Builder, x: &Value, value: f64) -> Value {
     bin(b, "multiply", x, &c)
 }
 
+/// `x - mean(x)` over `dims` (in `x`'s dtype, an accumulator), and that
+/// mean reduced. Centred twice (the corrected two-pass method): the mean of
+/// the first deviations, which holds the rounding error of the first mean,
+/// is taken off as well, so a large mean with a small spread (1e4 and 1e-2
+/// in f32) keeps its deviations and variance accurate.
+pub(crate) fn centre(b: &mut Builder, x: &Value, dims: &[usize]) -> (Value, Value) {
+    let inv_n = 1.0 / count(x.dims(), dims) as f64;
+    let s = sum_in(b, x, dims);
+    let first = scale_by(b, &s, inv_n);
+    let fb = expand(b, &first, x.dims(), dims);
+    let d = bin(b, "subtract", x, &fb);
+    let sd = sum_in(b, &d, dims);
+    let residual = scale_by(b, &sd, inv_n);
+    let rb = expand(b, &residual, x.dims(), dims);
+    let mean = bin(b, "add", &first, &residual);
+    (bin(b, "subtract", &d, &rb), mean)
+}
+
 /// Numerically stable softmax pieces along `dims` of float `x`: returns
 /// `(x - max, log(sum(exp(x - max))))`, the second reduced (no keepdim).
 pub(crate) fn shifted_logsum(b: &mut Builder, x: &Value, dims: &[usize]) -> (Value, Value) {

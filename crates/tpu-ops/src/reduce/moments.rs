@@ -36,14 +36,11 @@ fn infer_moment(inputs: &[TensorType], attrs: &Attrs) -> OpResult<Vec<TensorType
     )])
 }
 
-/// Two-pass variance in the accumulator dtype, reduced (no keepdim).
+/// Variance of deviations from [`centre`] in the accumulator dtype,
+/// reduced (no keepdim).
 pub(crate) fn lower_var(b: &mut Builder, xc: &Value, dims: &[usize], c: f64) -> Value {
     let n = count(xc.dims(), dims);
-    let s = sum_in(b, xc, dims);
-    let nv = splat(b, &s, n as f64);
-    let mean = bin(b, "divide", &s, &nv);
-    let mb = expand(b, &mean, xc.dims(), dims);
-    let d = bin(b, "subtract", xc, &mb);
+    let (d, _) = centre(b, xc, dims);
     let d2 = bin(b, "multiply", &d, &d);
     let ss = sum_in(b, &d2, dims);
     let dv = splat(b, &ss, divisor(n, c));

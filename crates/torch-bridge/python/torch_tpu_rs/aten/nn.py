@@ -228,6 +228,30 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
+@kernel("native_group_norm")
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    # The layer-norm op over each group's values, whose centring keeps a
+    # large mean with a small spread accurate (PyTorch's decomposition
+    # subtracts a mean rounded to the input dtype).
+    if group <= 0 or C % group != 0:
+        raise RuntimeError(
+            f"Expected number of channels in input to be divisible by num_groups, but got input of shape "
+            f"{list(input.shape)} and num_groups={group}"
+        )
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    grouped = run("reshape", [_as(input, compute)], {"shape": [N, group, C // group * HxW]})
+    normed = run("layer_norm", [grouped], {"normalized_dims": 1, "eps": float(eps)})
+    out = run("reshape", [normed], {"shape": list(input.shape)})
+    per_channel = [1, C] + [1] * (input.ndim - 2)
+    if weight is not None:
+        out = run("mul", [out, run("reshape", [_as(weight, compute)], {"shape": per_channel})])
+    if bias is not None:
+        out = run("add", [out, run("reshape", [_as(bias, compute)], {"shape": per_channel})])
+    mean, rstd = _norm_stats(grouped, [2], eps)
+    flat = lambda t: _as(run("reshape", [t], {"shape": [N, group]}), input.dtype)
+    return _as(out, input.dtype), flat(mean), flat(rstd)
+
+
 def _layer_norm_args(input, weight, bias, k, eps):
     if weight is None and bias is not None:
         weight = run("full", [], {"shape": list(bias.shape), "dtype": bias.dtype, "value": 1.0})
