@@ -43,7 +43,15 @@ const PYTHON_PACKAGES: &[&str] = &[
     "maturin==1.16.0",
     // PyTorch's OpInfo database (torch.testing._internal) imports it.
     "expecttest==0.3.0",
+    // Third-party model code for the vision model parity suite.
+    "timm==1.0.31",
+    "diffusers==0.42.1",
 ];
+
+/// Installed without its dependencies, before the rest: its newest release
+/// was built for an older torch, and timm needs only its Python model code
+/// (pillow is its one other dependency).
+const TORCHVISION: &str = "torchvision==0.29.2";
 
 /// The PyTorch bridge's crate, built into a wheel by maturin.
 const BRIDGE: &str = "crates/torch-bridge";
@@ -110,7 +118,7 @@ fn python_env() -> Result<(), String> {
     let ready = Command::new(&python)
         .args([
             "-c",
-            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest",
+            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest, timm, diffusers",
         ])
         .output()
         .is_ok_and(|o| o.status.success());
@@ -118,6 +126,7 @@ fn python_env() -> Result<(), String> {
         return Ok(());
     }
     run(Command::new("python3").args(["-m", "venv", VENV]))?;
+    run(pip_install().args(["--no-deps", TORCHVISION, "pillow==13.0.0"]))?;
     run(pip_install().args(PYTHON_PACKAGES))
 }
 
