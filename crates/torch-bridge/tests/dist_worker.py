@@ -142,12 +142,15 @@ def collectives(device):
             assert "reduce_scatter" in str(e), e
         else:
             raise AssertionError("reduce_scatter of an uneven input succeeded")
-    try:
-        dist.all_reduce(on(mine), op=dist.ReduceOp.BAND)
-    except (NotImplementedError, RuntimeError) as e:
-        assert "BAND" in str(e), e
-    else:
-        raise AssertionError("BAND succeeded")
+    unsupported = [("BAND", dist.ReduceOp.BAND), ("BOR", dist.ReduceOp.BOR), ("BXOR", dist.ReduceOp.BXOR),
+                   ("PREMUL_SUM", dist._make_nccl_premul_sum(2.0))]
+    for name, op in unsupported:
+        try:
+            dist.all_reduce(on(mine), op=op)
+        except (NotImplementedError, RuntimeError) as e:
+            assert name in str(e), e
+        else:
+            raise AssertionError(f"{name} succeeded")
     t = on(mine)
     dist.all_reduce(t)
     exact(t, sum(everyone(torch.float32)), "all_reduce after errors")

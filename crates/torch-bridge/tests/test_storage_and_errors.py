@@ -102,42 +102,59 @@ def test_op_errors_are_the_exception_class_the_cpu_raises(mode, case):
     assert_close(x.to("tpu").sum(1), x.sum(1))  # the device still computes
 
 
+#: Calls PyTorch CPU refuses, each with what tpu's message must say.
 REJECTED = {
-    "mm of two dtypes": lambda x: torch.mm(x, x.t().int()),
-    "layer_norm over another shape": lambda x: F.layer_norm(x, (4,)),
-    "arange against its step": lambda x: torch.arange(0, 5, -1, device=x.device),
-    "arange with step 0": lambda x: torch.arange(0, 5, 0, device=x.device),
-    "a negative size": lambda x: torch.full((2, -3), 1.0, device=x.device),
-    "empty with a negative size": lambda x: torch.empty(-1, device=x.device),
-    "a float result into an int tensor": lambda x: x.int().div_(2),
-    "a float result into out=": lambda x: torch.mul(x, x, out=torch.empty(2, 3, dtype=torch.int64, device=x.device)),
-    "a negative integer power": lambda x: x.long() ** -1,
-    "nll_loss weights of another class count": lambda x: F.nll_loss(x, torch.tensor([0, 1], device=x.device), weight=torch.ones(5, device=x.device)),
-    "amax over an empty dim": lambda x: x[:0].amax(0),
-    "argmax of an empty tensor": lambda x: x[:0].argmax(),
-    "index_select with a 2-d index": lambda x: x.index_select(0, torch.zeros(1, 1, dtype=torch.long, device=x.device)),
-    "mode over a dim out of range": lambda x: x.mode(4),
-    "a mask of another shape": lambda x: x[torch.ones(3, dtype=torch.bool, device=x.device)],
-    "clamp without bounds": lambda x: torch.clamp(x),
-    "an unknown rounding mode": lambda x: torch.div(x, x, rounding_mode="round"),
-    "integer remainder by 0": lambda x: x.long() % 0,
-    "integer floor division by 0": lambda x: x.long() // 0,
-    "take with float positions": lambda x: x.take(x),
-    "the norm of integers": lambda x: x.long().norm(),
-    "kthvalue past the dim": lambda x: x.kthvalue(5, 1),
+    "mm of two dtypes": (lambda x: torch.mm(x, x.t().int()), r"same dtype.*float32.*int32"),
+    "layer_norm over another shape": (lambda x: F.layer_norm(x, (4,)), r"normalized_shape=\[4\].*\[2, 3\]"),
+    "arange against its step": (
+        lambda x: torch.arange(0, 5, -1, device=x.device), r"upper bound and lower bound inconsistent with step sign"
+    ),
+    "arange with step 0": (lambda x: torch.arange(0, 5, 0, device=x.device), r"step must be nonzero"),
+    "a negative size": (lambda x: torch.full((2, -3), 1.0, device=x.device), r"negative dimension -3"),
+    "empty with a negative size": (lambda x: torch.empty(-1, device=x.device), r"negative dimension -1"),
+    "a float result into an int tensor": (lambda x: x.int().div_(2), r"Float can't be cast to the desired output type Int"),
+    "a float result into out=": (
+        lambda x: torch.mul(x, x, out=torch.empty(2, 3, dtype=torch.int64, device=x.device)),
+        r"Float can't be cast to the desired output type Long",
+    ),
+    "a negative integer power": (lambda x: x.long() ** -1, r"negative integer powers"),
+    "nll_loss weights of another class count": (
+        lambda x: F.nll_loss(x, torch.tensor([0, 1], device=x.device), weight=torch.ones(5, device=x.device)),
+        r"weight tensor should be defined either for all 3 classes",
+    ),
+    "amax over an empty dim": (lambda x: x[:0].amax(0), r"empty.*dimension 0 of \[0, 3\]"),
+    "argmax of an empty tensor": (lambda x: x[:0].argmax(), r"argmax of an empty tensor"),
+    "index_select with a 2-d index": (
+        lambda x: x.index_select(0, torch.zeros(1, 1, dtype=torch.long, device=x.device)), r"1-D.*\[1, 1\]"
+    ),
+    "mode over a dim out of range": (lambda x: x.mode(4), r"Dimension out of range.*got 4"),
+    "a mask of another shape": (
+        lambda x: x[torch.ones(3, dtype=torch.bool, device=x.device)], r"shape of the mask \[3\] at index 0"
+    ),
+    "clamp without bounds": (lambda x: torch.clamp(x), r"At least one of 'min' or 'max'"),
+    "an unknown rounding mode": (lambda x: torch.div(x, x, rounding_mode="round"), r"rounding_mode.*'round'"),
+    "integer remainder by 0": (lambda x: x.long() % 0, r"ZeroDivisionError"),
+    "integer floor division by 0": (lambda x: x.long() // 0, r"ZeroDivisionError"),
+    "take with float positions": (lambda x: x.take(x), r"Expected a long tensor for index"),
+    "the norm of integers": (lambda x: x.long().norm(), r"Expected a floating point or complex tensor"),
+    "kthvalue past the dim": (lambda x: x.kthvalue(5, 1), r"out of range for dimension 1"),
 }
 
 
 @pytest.mark.parametrize("case", REJECTED)
 def test_calls_the_cpu_rejects_are_rejected_with_its_exception_class(mode, case):
     """Never a silent result: what PyTorch CPU refuses, tpu refuses with an
-    instance of the same class (and the tensor is left as it was)."""
+    instance of the same class and a message saying what is wrong (a
+    missing kernel's `NotImplementedError` is a `RuntimeError` too, and
+    does not pass for one), and the tensor is left as it was."""
+    call, message = REJECTED[case]
     x = torch.randn(2, 3)
     with pytest.raises(Exception) as on_cpu:
-        REJECTED[case](x.clone())
+        call(x.clone())
     on_tpu = x.to("tpu")
-    with pytest.raises(type(on_cpu.value)):
-        REJECTED[case](on_tpu)
+    with pytest.raises(type(on_cpu.value), match=message) as raised:
+        call(on_tpu)
+    assert isinstance(raised.value, NotImplementedError) == isinstance(on_cpu.value, NotImplementedError)
     assert_close(on_tpu, x)
 
 
@@ -166,6 +183,14 @@ def test_debug_raises_index_error_for_out_of_range_indices():
             torch.index_select(x, 0, torch.tensor([4]).to("tpu"))
         with pytest.raises(IndexError, match="gather"):
             torch.gather(x, 1, torch.tensor([[3]]).to("tpu"))
+        ones = torch.ones(1, 3).to("tpu")
+        with pytest.raises(IndexError, match="scatter: index 5 is out of bounds for dimension 0 with size 4"):
+            x.clone().scatter_(0, torch.tensor([[5, 0, 0]]).to("tpu"), ones)
+        with pytest.raises(IndexError, match="index_add: index 7 is out of bounds for dimension 0 with size 4"):
+            x.clone().index_add_(0, torch.tensor([7]).to("tpu"), ones)
+        for accumulate in (False, True):
+            with pytest.raises(IndexError, match="index_put: index 9 is out of bounds for dimension 0 with size 4"):
+                x.clone().index_put_((torch.tensor([9]).to("tpu"),), ones[0], accumulate=accumulate)
         assert_close(x[torch.tensor([-1]).to("tpu")], x.cpu()[[-1]])
 
 

@@ -283,7 +283,7 @@ def _arange(start, end, step, dtype):
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
-        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
     if all(isinstance(v, int) for v in (start, end, step)):
         # Integers stay integers: past 2**53 a float would lose them.
         n = max(0, -((start - end) // step))
