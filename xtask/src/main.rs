@@ -191,10 +191,12 @@ fn test() -> Result<(), String> {
         .env("TPU_RS_TORCH_PYTHON", &python)
         .env("TPU_RS_REQUIRE_TORCH", "1"))?;
     // The runtime, op and distributed suites again on a plugin with an
-    // older PJRT API.
+    // older PJRT API, and the cache inspection tests (that plugin's
+    // executables never go to disk).
     run(cargo()
         .args(["test", "--release", "-p", "tpu-core", "--test", "runtime"])
         .args(["-p", "tpu-ops", "--test", "conformance"])
+        .args(["-p", "tpu-eager", "--test", "inspection"])
         .args([
             "-p",
             "tpu-dist",

@@ -16,6 +16,8 @@ use tpu_core::{DType, Device, Error, HostBuffer, HostTensor, Tensor};
 use tpu_dist::{ProcessGroup, ReduceOp};
 
 const ROLE: &str = "TPU_DIST_TEST_ROLE";
+/// What a rank prints once its scenario has run to the end.
+const DONE: &str = "worker: scenario done";
 /// The fault tests' timeout, in seconds.
 const TIMEOUT: f64 = 3.0;
 
@@ -68,7 +70,10 @@ fn finish(children: Vec<(usize, Child)>, limit: Duration) {
             std::thread::sleep(Duration::from_millis(20));
         };
         let output = child.wait_with_output().unwrap();
-        if status.is_none_or(|s| !s.success()) {
+        // The rank says it ran its scenario: a filter that matched nothing
+        // would exit 0 too.
+        let ran = String::from_utf8_lossy(&output.stdout).contains(DONE);
+        if status.is_none_or(|s| !s.success()) || !ran {
             failures.push(format!(
                 "rank {rank}: {status:?}\n--- stdout\n{}\n--- stderr\n{}",
                 String::from_utf8_lossy(&output.stdout),
@@ -163,7 +168,7 @@ fn malformed_launcher_variables_are_errors_naming_the_variable() {
             .output()
             .unwrap();
         assert!(
-            out.status.success(),
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains(DONE),
             "{variable}={value}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
@@ -195,6 +200,7 @@ fn worker() {
         "bad_env" => bad_env(),
         other => panic!("unknown scenario {other}"),
     }
+    println!("{DONE}");
 }
 
 /// Rank `r`'s value at element `i`: small integers, so every reduction is
