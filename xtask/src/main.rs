@@ -12,6 +12,7 @@
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
+use std::time::Instant;
 
 /// Debian packages the build needs: protoc, the protobuf well-known types
 /// it imports and libclang for the PJRT bindings; a C++ compiler and Gloo
@@ -70,9 +71,15 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "setup" => setup(&[DEFAULT_PLUGIN]),
         "run" => setup(&[DEFAULT_PLUGIN]).and_then(|()| main_job()),
-        "test" => setup(TEST_PLUGINS)
-            .and_then(|()| python_env())
-            .and_then(|()| test()),
+        "test" => {
+            let started = Instant::now();
+            let result = setup(TEST_PLUGINS)
+                .and_then(|()| python_env())
+                .and_then(|()| test());
+            let minutes = started.elapsed().as_secs_f64() / 60.0;
+            eprintln!("xtask: cargo xtask test took {minutes:.1} minutes");
+            result
+        }
         "soak" => setup(&[DEFAULT_PLUGIN])
             .and_then(|()| python_env())
             .and_then(|()| soak(std::env::args().skip(2).collect())),
