@@ -225,6 +225,8 @@ fn test() -> Result<(), String> {
         "tpu-ops",
         "--lib",
     ]))?;
+    // Benchmarks are not run here, but they must build.
+    run(cargo().args(["bench", "--workspace", "--no-run"]))?;
     bridge_tests()
 }
 
