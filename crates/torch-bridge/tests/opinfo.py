@@ -36,8 +36,9 @@ TOLERANCE = {torch.float32: (1e-4, 1.3e-4), torch.bfloat16: (1e-2, 1.6e-2)}
 GRAD_TOLERANCE = (1e-3, 1e-3)
 
 
-class Unsupported(Exception):
-    """The CPU itself cannot run the sample: not the device's failure."""
+class NotComparable(Exception):
+    """Nothing of the stage could be compared on tpu (the CPU itself cannot
+    run it, or its values are random): neither a pass nor a failure."""
 
 
 class _Timeout(Exception):
@@ -127,12 +128,15 @@ def _same_shapes(tpu, cpu):
 
 
 def check_forward(op, dtype, samples):
+    """Compares each sample's values on tpu with the CPU's; raises
+    :class:`NotComparable` when no sample's values could be compared."""
+    compared = 0
     for tpu_sample, sample in samples:
         try:
             torch.manual_seed(0)
             expected = _call(op, sample)
         except Exception as e:  # noqa: BLE001
-            raise Unsupported(f"CPU raises {type(e).__name__}") from e
+            raise NotComparable(f"CPU raises {type(e).__name__}") from e
         got = _call(op, tpu_sample)
         if _random(op, sample):
             _same_shapes(got, expected)
@@ -142,6 +146,9 @@ def check_forward(op, dtype, samples):
             # comparable.
             process = sample.output_process_fn_grad
             _compare(process(got), process(expected), TOLERANCE[dtype], f"{dtype} forward")
+            compared += 1
+    if not compared:
+        raise NotComparable("random or undefined values (shapes and dtypes checked)")
 
 
 def _differentiable_outputs(out):
@@ -149,15 +156,23 @@ def _differentiable_outputs(out):
 
 
 def check_gradients(op, samples):
+    """Compares each sample's gradients on tpu with the CPU's; raises
+    :class:`NotComparable` naming why when no sample had any to compare."""
+    compared, why = 0, set()
     for tpu_sample, sample in samples:
         inputs = [t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
         if not inputs:
+            why.add("no input requires grad")
             continue
         try:
             out = _differentiable_outputs(sample.output_process_fn_grad(_call(op, sample)))
         except Exception as e:  # noqa: BLE001
-            raise Unsupported(f"CPU raises {type(e).__name__}") from e
-        if not out or _random(op, sample):
+            raise NotComparable(f"CPU raises {type(e).__name__}") from e
+        if not out:
+            why.add("no differentiable output")
+            continue
+        if _random(op, sample):
+            why.add("random values")
             continue
         torch.manual_seed(1)
         cotangents = [torch.randn_like(o) for o in out]
@@ -171,6 +186,9 @@ def check_gradients(op, samples):
             if g is None:
                 raise AssertionError(f"gradient {i}: none on tpu")
             _compare(g, e, GRAD_TOLERANCE, f"gradient {i}")
+        compared += 1
+    if not compared:
+        raise NotComparable(", ".join(sorted(why)) or "no samples")
 
 
 def _moved(device):
@@ -226,47 +244,52 @@ def _first_line(e):
 STAGES = ("float32 forward", "bfloat16 forward", "float32 gradients")
 
 
+#: A stage's outcomes: compared on tpu and equal, compared and not, or
+#: nothing to compare (the reason says why).
+PASS, FAIL, NOT_COMPARABLE = "pass", "fail", "n/c"
+
+
 def _stage(check):
-    """``("pass" | "fail" | "skip", why)`` for one check of one entry. Each
-    starts from the same seed, so an entry's samples do not depend on which
-    entries ran before it."""
+    """``(PASS | FAIL | NOT_COMPARABLE, why)`` for one check of one entry.
+    Each starts from the same seed, so an entry's samples do not depend on
+    which entries ran before it."""
     torch.manual_seed(0)
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(ENTRY_TIMEOUT_S)
     try:
-        return check()
-    except Unsupported as e:
-        return "skip", str(e)
+        check()
+        return PASS, ""
+    except NotComparable as e:
+        return NOT_COMPARABLE, str(e)
     except _Timeout:
-        return "fail", f"over {ENTRY_TIMEOUT_S} s"
+        return FAIL, f"over {ENTRY_TIMEOUT_S} s"
     except Exception as e:  # noqa: BLE001
-        return "fail", _first_line(e)
+        return FAIL, _first_line(e)
     finally:
         signal.alarm(0)
 
 
 def run_entry(op, samples_per_dtype):
-    """``{stage: (outcome, why)}`` for one OpInfo entry. A stage is skipped
-    where the CPU itself does not run it (no float32 or bfloat16 kernel, no
-    autograd support, a sample the CPU rejects)."""
+    """``{stage: (outcome, why)}`` for one OpInfo entry. A stage is not
+    comparable where the CPU itself does not run it (no float32 or bfloat16
+    kernel, no autograd support, a sample the CPU rejects) or nothing of it
+    can be compared (no samples, random values, nothing differentiable)."""
 
     def forward(dtype):
         def check():
             if dtype not in op.supported_dtypes("cpu"):
-                return "skip", f"no {dtype} on CPU"
+                raise NotComparable(f"no {dtype} on CPU")
             samples = _samples(op, dtype, False, samples_per_dtype)
             if not samples:
-                return "skip", "no samples"
+                raise NotComparable("no samples")
             check_forward(op, dtype, samples)
-            return "pass", ""
 
         return check
 
     def gradients():
         if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
-            return "skip", "no autograd on CPU"
+            raise NotComparable("no autograd on CPU")
         check_gradients(op, _samples(op, torch.float32, True, samples_per_dtype))
-        return "pass", ""
 
     checks = dict(zip(STAGES, (forward(torch.float32), forward(torch.bfloat16), gradients)))
     return {stage: _stage(check) for stage, check in checks.items()}
@@ -286,32 +309,36 @@ def run(names=None, samples_per_dtype=SAMPLES, log=None):
         results[key] = run_entry(op, samples_per_dtype)
         if log:
             marks = " ".join(results[key][s][0] for s in STAGES)
-            whys = "; ".join(f"{s}: {w}" for s, (o, w) in results[key].items() if o == "fail")
+            whys = "; ".join(f"{s}: {w}" for s, (o, w) in results[key].items() if o == FAIL)
             log(f"{key:45} {marks:15} {time.perf_counter() - start:6.2f}s {whys}")
     return results
 
 
 def summary(results, stage=STAGES[0]):
-    """``(passed, failed, skipped, total)`` for one stage."""
+    """``(passed, failed, not_comparable, total)`` for one stage."""
     counts = collections.Counter(r[stage][0] for r in results.values())
-    return counts["pass"], counts["fail"], counts["skip"], len(results)
+    return counts[PASS], counts[FAIL], counts[NOT_COMPARABLE], len(results)
 
 
 def report(results):
-    """The summary lines: one per stage, and the commonest failures."""
+    """The summary lines: one per stage with its rate over the entries
+    compared, why the others were not comparable, and the commonest
+    failures."""
     lines = []
     failures = collections.Counter()
     for r in results.values():
         for stage, (outcome, why) in r.items():
-            if outcome == "fail":
+            if outcome == FAIL:
                 failures[f"{stage}: {why[:110]}"] += 1
     lines.append("most common failures:")
     lines += [f"  {n:4}  {why}" for why, n in failures.most_common(40)]
     for stage in STAGES:
-        passed, failed, skipped, total = summary(results, stage)
+        passed, failed, not_comparable, total = summary(results, stage)
         rate = 100 * passed / max(1, passed + failed)
-        lines.append(f"OpInfo on tpu, {stage}: {passed} passed, {failed} failed, {skipped} skipped"
-                     f" of {total} ({rate:.1f}% of those that run on CPU)")
+        reasons = collections.Counter(why for r in results.values() for o, why in [r[stage]] if o == NOT_COMPARABLE)
+        lines.append(f"OpInfo on tpu, {stage}: {passed} passed, {failed} failed, {not_comparable} not comparable"
+                     f" of {total} ({rate:.1f}% of those compared)")
+        lines += [f"    not comparable: {n:4}  {why}" for why, n in reasons.most_common(8)]
     return "\n".join(lines)
 
 
@@ -320,7 +347,7 @@ def main():
     parser.add_argument("--ops", help="comma-separated entry names")
     parser.add_argument("--samples", type=int, default=SAMPLES)
     parser.add_argument("--verbose", action="store_true", help="a line per entry")
-    parser.add_argument("--json", help="write {stage: [passed, failed, skipped, total]} and the failures here")
+    parser.add_argument("--json", help="write {stage: [passed, failed, not comparable, total]} and the failures here")
     args = parser.parse_args()
     names = set(args.ops.split(",")) if args.ops else None
     log = (lambda line: print(line, flush=True)) if args.verbose else None
@@ -330,9 +357,9 @@ def main():
         with open(args.json, "w") as f:
             json.dump({
                 "summary": {stage: summary(results, stage) for stage in STAGES},
-                "failures": {name: {s: why for s, (o, why) in r.items() if o == "fail"}
+                "failures": {name: {s: why for s, (o, why) in r.items() if o == FAIL}
                              for name, r in results.items()
-                             if any(o == "fail" for o, _ in r.values())},
+                             if any(o == FAIL for o, _ in r.values())},
             }, f, indent=1)
 
 
