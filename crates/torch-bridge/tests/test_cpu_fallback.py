@@ -166,10 +166,12 @@ def test_fallback_writes_every_mutated_argument_as_the_cpu_does(monkeypatch, cal
     # Random ops draw from the CPU generator in both runs: from one state.
     # (Optimizer steps write parameters under no_grad, as here.)
     state = torch.get_rng_state()
+    # The fallback warns once per op and process: this test's warnings are
+    # its own, and later tests still see their first.
+    monkeypatch.setattr(registry, "_warned", set())
     with torch.no_grad():
         expected = op(*cpu_args, **cpu_kwargs)
         torch.set_rng_state(state)
-        registry._warned.discard(str(op))
         with pytest.warns(UserWarning, match="running it on the CPU"):
             got = registry._cpu_fallback(op, tpu_args, tpu_kwargs)
     compared = 0
@@ -237,6 +239,7 @@ def _train(device, make_optimizer, scaled, steps=20):
 )
 def test_training_through_the_fallback_equals_the_cpu_at_every_step(monkeypatch, mode, name, make_optimizer, scaled):
     monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "1")
+    monkeypatch.setattr(registry, "_warned", set())
     cpu = _train("cpu", make_optimizer, scaled)
     tpu = _train("tpu", make_optimizer, scaled)
     first = last = None
