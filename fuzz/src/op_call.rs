@@ -5,9 +5,10 @@
 use std::sync::OnceLock;
 
 use arbitrary::{Result, Unstructured};
-use tpu_core::op::{Attr, Gen, OpDef, Sample, check_inputs, registry, tensor_bytes};
+use tpu_core::host::assert_close;
+use tpu_core::op::{Attr, Flags, Gen, OpDef, Sample, check_inputs, registry, tensor_bytes};
 use tpu_core::policy::{EagerMode, call, with_eager_mode};
-use tpu_core::{DType, Device, Error, HostTensor, Runtime, Shape, Tensor};
+use tpu_core::{DType, Device, Error, ErrorCode, HostTensor, Runtime, Shape, Tensor};
 
 /// Calls that the target runs; larger ones only go through inference.
 const MAX_RUN_BYTES: u64 = 1 << 20;
@@ -111,6 +112,12 @@ fn extreme(u: &mut Unstructured<'_>, like: &HostTensor) -> Result<HostTensor> {
 }
 
 /// Runs the call everywhere it can run; panics only on a broken property.
+/// Once inference accepts a call, every device either runs it, with the
+/// output types inference promised, or refuses it with an error the call
+/// may meet: running out of memory, or (on `cpu`, whose reference reads
+/// values, and for ops that read values on the device) the op's own typed
+/// error about the values. Where the op is deterministic and its inputs
+/// ordinary, the device's values are the reference's.
 fn run(op: &OpDef, sample: &Sample) {
     let types: Vec<_> = sample.inputs.iter().map(|t| t.ty()).collect();
     let outputs = match check_inputs(op, &types, &sample.attrs, "cpu") {
@@ -126,29 +133,127 @@ fn run(op: &OpDef, sample: &Sample) {
     if !outputs.iter().chain(&types).all(small) {
         return;
     }
-    on_device(op, sample, Device::Cpu);
-    if Runtime::global().is_ok() {
-        for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
-            with_eager_mode(mode, || on_device(op, sample, Device::tpu(0))).expect("eager mode");
+    let reference = on_device(op, sample, &outputs, Device::Cpu);
+    if Runtime::global().is_err() {
+        return;
+    }
+    let comparable = !op.flags.contains(Flags::RANDOM) && sample.inputs.iter().all(ordinary);
+    for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
+        let got = with_eager_mode(mode, || on_device(op, sample, &outputs, Device::tpu(0)))
+            .expect("eager mode");
+        if let (Some(got), Some(want), true) = (&got, &reference, comparable) {
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                if let Err(e) = assert_close(g, w, (op.tolerance)(w.dtype()).scaled(4.0)) {
+                    panic!(
+                        "`{}` under {mode}: output {i} is not the reference's: {e}",
+                        op.name
+                    );
+                }
+            }
         }
     }
 }
 
-/// The call on `device`: when it succeeds, its outputs read back with the
-/// types inference promised.
-fn on_device(op: &OpDef, sample: &Sample, device: Device) {
+/// Inputs far from overflow and rounding cliffs, where a device's float32
+/// and the reference's float64 both compute the op's value: floats finite
+/// and within 1e4, integers within 2^20.
+fn ordinary(t: &HostTensor) -> bool {
+    if t.dtype().is_float() {
+        t.to_f64().iter().all(|v| v.is_finite() && v.abs() <= 1e4)
+    } else {
+        t.to_f64().iter().all(|v| v.abs() <= f64::from(1 << 20))
+    }
+}
+
+/// The call on `device`: its outputs read back, each of the type inference
+/// promised, or `None` when the device refused it with an error the call
+/// may meet (see [`run`]). Any other error is a broken property.
+fn on_device(
+    op: &OpDef,
+    sample: &Sample,
+    inferred: &[tpu_core::stablehlo::TensorType],
+    device: Device,
+) -> Option<Vec<HostTensor>> {
     let inputs: Vec<Tensor> = sample
         .inputs
         .iter()
         .map(|h| Tensor::from_host(h.clone(), device).expect("uploading a small input"))
         .collect();
-    let Ok(outputs) = call(op.name, &inputs, &sample.attrs, Some(device)) else {
-        return;
+    let refused = |e: &Error, stage: &str| {
+        assert!(
+            may_meet(op, device, e),
+            "`{}` on {device}: inference accepted the call, then {stage} failed: {e}",
+            op.name
+        );
     };
-    for out in outputs {
-        if let Ok(host) = out.to_host() {
-            assert_eq!(&host.ty(), out.ty(), "`{}` on {device}", op.name);
+    let outputs = match call(op.name, &inputs, &sample.attrs, Some(device)) {
+        Ok(outputs) => outputs,
+        Err(e) => {
+            refused(&e, "the call");
+            return None;
         }
+    };
+    assert_eq!(
+        outputs.len(),
+        inferred.len(),
+        "`{}` on {device}: output count",
+        op.name
+    );
+    let mut hosts = Vec::with_capacity(outputs.len());
+    for (out, want) in outputs.iter().zip(inferred) {
+        assert_eq!(
+            out.ty(),
+            want,
+            "`{}` on {device}: an output's type",
+            op.name
+        );
+        match out.to_host() {
+            Ok(host) => {
+                assert_eq!(
+                    &host.ty(),
+                    want,
+                    "`{}` on {device}: a read-back output",
+                    op.name
+                );
+                hosts.push(host);
+            }
+            Err(e) => {
+                refused(&e, "reading the result");
+                return None;
+            }
+        }
+    }
+    Some(hosts)
+}
+
+/// True for an error an accepted call may meet on `device`: out of memory,
+/// or the op's own typed error about its values where values are read (the
+/// `cpu` reference, an op that syncs with the host).
+fn may_meet(op: &OpDef, device: Device, err: &Error) -> bool {
+    if is_out_of_memory(err) {
+        return true;
+    }
+    let reads_values = device == Device::Cpu || op.flags.contains(Flags::HOST_SYNC);
+    reads_values && names_op(err, op.name)
+}
+
+fn is_out_of_memory(err: &Error) -> bool {
+    match err {
+        Error::HostOutOfMemory { .. } => true,
+        Error::Pjrt { code, .. } => *code == ErrorCode::ResourceExhausted,
+        Error::OpFailed { source, .. } => is_out_of_memory(source),
+        _ => false,
+    }
+}
+
+/// True when `err` is `op`'s own typed error (its kind known).
+fn names_op(err: &Error, op: &str) -> bool {
+    match err {
+        Error::InvalidInput { op: name, .. } => name == op,
+        Error::OpFailed {
+            op: name, source, ..
+        } => name == op && source.op_error_kind().is_some(),
+        _ => false,
     }
 }
 

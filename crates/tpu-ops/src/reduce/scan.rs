@@ -313,6 +313,7 @@ inventory::submit! {
         dtypes: FLOATS,
         infer: |x, attrs| {
             let t = first(x)?;
+            require_dtype(t.dtype, FLOATS, "input (logcumsumexp needs a float dtype)")?;
             scan_dim(t.shape.rank(), attrs)?;
             Ok(vec![t.clone()])
         },
