@@ -7,6 +7,8 @@
 //! 0. Each is its three-term recurrence: on the device one
 //! `stablehlo.while` that runs to the largest degree in `n`, every element
 //! keeping the term of its own degree. Not differentiable, as in PyTorch.
+//! Degrees above [`MAX_DEGREE`] give NaN: the recurrence would take that
+//! many steps (a degree of 1e30 would never finish).
 
 use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
@@ -157,11 +159,17 @@ impl Arith for Device<'_> {
     }
 }
 
+/// The highest degree computed; higher ones give NaN.
+const MAX_DEGREE: i64 = 1 << 16;
+
 /// `p_n(x)` in f64 (`n` already truncated).
 fn evaluate(family: Family, shifted: bool, x: f64, n: f64) -> f64 {
     let x = if shifted { 2.0 * x - 1.0 } else { x };
     if n.is_nan() || n < 0.0 {
         return 0.0;
+    }
+    if n > MAX_DEGREE as f64 {
+        return f64::NAN;
     }
     if n == 0.0 {
         return 1.0;
@@ -193,6 +201,8 @@ fn lower(b: &mut Builder, x: &[Value], family: Family, shifted: bool) -> OpResul
     let degree = b.convert(&n, DType::I64);
     let all: Vec<usize> = (0..dims.len()).collect();
     let end = b.reduce(&degree, 0.0, &all, "stablehlo.maximum");
+    let cap = b.int_constant(DType::I64, [], MAX_DEGREE);
+    let end = b.binary("stablehlo.minimum", &end, &cap);
     let mut arith = Device { b, like: x.clone() };
     let one = arith.c(1.0);
     let first = family.first(&mut arith, &x);
@@ -225,6 +235,10 @@ fn lower(b: &mut Builder, x: &[Value], family: Family, shifted: bool) -> OpResul
     // NaN degrees give 0, as a negative one does.
     let nan_degree = b.compare(Compare::Ne, &n, &n);
     let result = b.select(&nan_degree, &zero, &result);
+    let max = b.constant(compute, dims.as_slice(), MAX_DEGREE as f64);
+    let too_high = b.compare(Compare::Gt, &n, &max);
+    let nan = b.constant(compute, dims.as_slice(), f64::NAN);
+    let result = b.select(&too_high, &nan, &result);
     Ok(vec![b.convert(&result, out.dtype)])
 }
 
@@ -348,5 +362,6 @@ mod tests {
         assert!((evaluate(Family::ChebyshevT, true, x, 2.0) - (2.0 * t * t - 1.0)).abs() < 1e-12);
         assert_eq!(evaluate(Family::Legendre, false, x, -1.0), 0.0);
         assert_eq!(evaluate(Family::HermiteH, false, x, 0.0), 1.0);
+        assert!(evaluate(Family::Laguerre, false, x, 1e30).is_nan());
     }
 }
