@@ -224,14 +224,6 @@ def _to_cpu(x, copies):
     return x
 
 
-def _to_tpu(x):
-    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-        return x.to("tpu")
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to_tpu(v) for v in x)
-    return x
-
-
 def _written_tensors(value):
     """The tensors of a written argument: one tensor, or a tensor list."""
     if isinstance(value, torch.Tensor):
@@ -276,7 +268,9 @@ def _results_on_tpu(result, written):
     """``result`` with written arguments as their tpu tensors and every
     other CPU tensor copied to tpu."""
     if isinstance(result, torch.Tensor):
-        return written[id(result)] if id(result) in written else _to_tpu(result)
+        if id(result) in written:
+            return written[id(result)]
+        return result.to("tpu") if result.device.type == "cpu" else result
     if isinstance(result, (list, tuple)):
         return type(result)(_results_on_tpu(r, written) for r in result)
     return result
