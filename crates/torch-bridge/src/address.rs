@@ -37,11 +37,14 @@ pub struct Address {
 }
 
 impl Address {
-    /// A range for a storage of `nbytes`.
-    pub fn allocate(nbytes: usize) -> Result<Address> {
+    /// A range for a storage of `nbytes` on `tpu:device`.
+    pub fn allocate(nbytes: usize, device: usize) -> Result<Address> {
         if nbytes as u64 > SLOT_BYTES {
-            return Err(BridgeError::internal(format!(
-                "a tpu storage of {nbytes} bytes is larger than the {SLOT_BYTES} bytes one storage may hold"
+            return Err(BridgeError::OutOfMemory(format!(
+                "tpu:{device} out of memory: tried to allocate {} ({nbytes} bytes); \
+                 one tpu storage holds at most {}",
+                human_bytes(nbytes as u64),
+                human_bytes(SLOT_BYTES)
             )));
         }
         let mut slots = SLOTS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
@@ -63,6 +66,22 @@ impl Address {
     /// The first byte's address.
     pub fn get(&self) -> u64 {
         BASE + self.slot * SLOT_BYTES
+    }
+}
+
+/// `bytes` as CUDA's messages write it (`3.64 TiB`).
+fn human_bytes(bytes: u64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.2} {}", units[unit])
     }
 }
 

@@ -26,8 +26,10 @@ pub enum BridgeError {
     Core(tpu_core::Error),
     /// The bridge cannot do this (dtype, layout) yet.
     Unsupported(String),
-    /// Tensors on different devices.
+    /// Tensors on different devices, or a device that does not exist.
     Device(String),
+    /// The device cannot hold what was asked for.
+    OutOfMemory(String),
     /// A Python call failed.
     Python(PyErr),
     /// A broken invariant of the bridge itself.
@@ -38,6 +40,19 @@ impl BridgeError {
     /// A broken invariant.
     pub fn internal(msg: impl Into<String>) -> BridgeError {
         BridgeError::Internal(msg.into())
+    }
+}
+
+impl std::fmt::Display for BridgeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BridgeError::Core(e) => e.fmt(f),
+            BridgeError::Python(e) => e.fmt(f),
+            BridgeError::Unsupported(msg)
+            | BridgeError::Device(msg)
+            | BridgeError::OutOfMemory(msg) => f.write_str(msg),
+            BridgeError::Internal(msg) => write!(f, "torch_tpu_rs internal error: {msg}"),
+        }
     }
 }
 
@@ -59,7 +74,11 @@ impl From<PyErr> for BridgeError {
 impl From<BridgeError> for PyErr {
     fn from(e: BridgeError) -> PyErr {
         match e {
+            BridgeError::Core(e) if e.is_out_of_memory() => {
+                Python::attach(|py| out_of_memory(py, format!("tpu out of memory: {e}")))
+            }
             BridgeError::Core(e) => Python::attach(|py| core_error(py, &e)),
+            BridgeError::OutOfMemory(msg) => Python::attach(|py| out_of_memory(py, msg)),
             BridgeError::Unsupported(msg) => PyNotImplementedError::new_err(msg),
             BridgeError::Device(msg) => PyRuntimeError::new_err(msg),
             BridgeError::Python(e) => e,
@@ -115,6 +134,19 @@ fn tpu_error_subclass<'py>(
         Ok(class.cast_into::<PyType>()?.unbind())
     })?;
     Ok(class.bind(py))
+}
+
+/// `torch.OutOfMemoryError` (what CUDA raises), saying `msg`.
+fn out_of_memory(py: Python<'_>, msg: String) -> PyErr {
+    static CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let class = CLASS.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        let class = py.import("torch")?.getattr("OutOfMemoryError")?;
+        Ok(class.cast_into::<PyType>()?.unbind())
+    });
+    match class {
+        Ok(class) => PyErr::from_type(class.bind(py).clone(), msg),
+        Err(failed) => failed,
+    }
 }
 
 /// The Python exception for a tpu-rs error: its kind picks the class.

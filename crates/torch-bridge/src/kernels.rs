@@ -95,7 +95,6 @@ pub fn synchronize() -> Result<()> {
 
 /// Calls op `name` under the bridge's policy.
 pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Result<Vec<Tensor>> {
-    crate::interrupt::check()?;
     let _scope = EagerModeGuard::with_policy(current()?);
     let outputs = crate::profile::from_python(|| {
         policy::call(name, inputs, attrs, Some(Device::Tpu(device)))

@@ -14,8 +14,8 @@ mod device;
 mod dist;
 mod dlpack;
 mod error;
-mod interrupt;
 mod kernels;
+mod native;
 mod ops;
 mod profile;
 mod random;
@@ -51,8 +51,9 @@ fn op_names() -> PyResult<Vec<&'static str>> {
 /// The Python module `torch_tpu_rs._C`.
 #[pymodule]
 #[pyo3(name = "_C")]
-fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tpu_eager::link();
+    native::install()?;
     m.add("TpuError", m.py().get_type::<TpuError>())?;
     m.add("TpuIndexError", error::index_error(m.py())?)?;
     m.add(
@@ -93,6 +94,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random::set_rng_state, m)?)?;
     m.add_function(wrap_pyfunction!(random::fill_random, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(native::current_device, m)?)?;
+    m.add_function(wrap_pyfunction!(native::set_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_name, m)?)?;
     m.add_function(wrap_pyfunction!(device::describe, m)?)?;
@@ -108,8 +111,5 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(profile::profile_stop, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_recording, m)?)?;
     m.add_function(wrap_pyfunction!(profile::metrics_report, m)?)?;
-    m.add_function(wrap_pyfunction!(interrupt::request_interrupt, m)?)?;
-    m.add_function(wrap_pyfunction!(interrupt::withdraw_interrupt, m)?)?;
-    m.add_function(wrap_pyfunction!(interrupt::interrupt_requested, m)?)?;
     Ok(())
 }

@@ -397,7 +397,6 @@ impl Replay {
         if !self.block.accepts(&values) {
             return Ok(None);
         }
-        crate::interrupt::check()?;
         // Inside another graph's recording, each call must be noted there.
         let nested = while_recording().is_some_and(|mut slot| Recording::here(&mut slot).is_some());
         let results = if nested {

@@ -146,7 +146,7 @@ impl Storage {
             dtype,
             numel,
             device,
-            address: Address::allocate(bytes_of(dtype, numel))?,
+            address: Address::allocate(bytes_of(dtype, numel), device)?,
             value: Mutex::new(Slot::default()),
         })
     }

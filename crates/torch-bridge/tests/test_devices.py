@@ -2,6 +2,11 @@
 copies between devices (the XLA CPU plugin makes 4 by default;
 ``TPU_RS_CPU_DEVICES`` sets how many)."""
 
+import copy
+import subprocess
+import sys
+import threading
+
 import pytest
 import torch
 
@@ -56,3 +61,71 @@ def test_ops_on_two_devices_are_a_clear_error():
     a, b = torch.ones(2, device="tpu:0"), torch.ones(2, device="tpu:1")
     with pytest.raises(RuntimeError, match="different devices"):
         a + b
+
+
+@pytest.mark.parametrize("index", [1, 2])
+def test_backward_on_another_device_equals_the_cpu(index):
+    # torch's autograd engine runs a device's backward on the worker its
+    # device guard reports; the guard is C++ and reports every device.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    tpu = copy.deepcopy(cpu).to(f"tpu:{index}")
+    x = torch.randn(5, 4)
+    cpu(x).pow(2).sum().backward()
+    tpu(x.to(f"tpu:{index}")).pow(2).sum().backward()
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        assert q.grad.device == torch.device("tpu", index)
+        assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+    # The engine's worker left this thread's current device alone.
+    assert torch.tpu.current_device() == 0
+
+
+def test_the_current_device_is_per_thread():
+    torch.tpu.set_device(1)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(torch.tpu.current_device()))
+    worker.start()
+    worker.join(timeout=30)
+    assert seen == [0]
+    assert torch.tpu.current_device() == 1
+    assert torch.accelerator.current_device_index() == 1
+
+
+def test_torch_accelerator_and_events_see_the_tpu():
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert torch.accelerator.device_count() == torch.tpu.device_count()
+    x = torch.randn(64, 64, device="tpu")
+    y = x @ x
+    event = torch.Event(device="tpu")
+    event.record()
+    event.synchronize()
+    assert event.query()
+    torch.accelerator.synchronize()
+    assert_close(y, x.cpu() @ x.cpu(), rtol=1e-5, atol=1e-4)
+
+
+def test_pinned_memory_and_non_blocking_copies_equal_the_cpu():
+    x = torch.randn(8, 16)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned()
+    assert pinned[2:].is_pinned()  # a view into a pinned block
+    y = pinned.to("tpu", non_blocking=True)
+    back = torch.empty_like(x).pin_memory()
+    back.copy_(y * 2, non_blocking=True)
+    torch.tpu.synchronize()
+    assert torch.equal(y.cpu(), x)
+    assert torch.equal(back, x * 2)
+
+
+def test_importing_under_another_torch_names_both_versions():
+    # The C++ layer is built for one torch minor version; the check runs
+    # before it loads.
+    code = (
+        "import torch; torch.__version__ = '2.99.0'\n"
+        "try:\n    import torch_tpu_rs\n"
+        "except ImportError as e:\n    print('refused:', e)\n"
+    )
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    built = torch.__version__.split("+")[0].rsplit(".", 1)[0]
+    assert f"refused: torch_tpu_rs was built for torch {built}, but torch 2.99.0 is installed" in out.stdout, out.stderr[-2000:]

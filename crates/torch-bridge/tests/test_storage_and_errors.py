@@ -72,6 +72,21 @@ def test_a_device_index_past_the_plugin_raises():
         torch.zeros(2, device=f"tpu:{count + 3}")
 
 
+def test_an_allocation_past_what_a_storage_holds_is_out_of_memory():
+    # As CUDA's: torch.OutOfMemoryError, naming the device and the bytes.
+    with pytest.raises(torch.OutOfMemoryError, match=r"tpu:0 out of memory: tried to allocate 3\.64 TiB \(4000000000000 bytes\)"):
+        torch.empty(10**12, device="tpu")
+    assert_close(torch.ones(2, device="tpu") + 1, torch.full((2,), 2.0))
+
+
+def test_device_memory_running_out_is_out_of_memory(mode):
+    # 256 GiB: more than the host (or any TPU chip) holds; the plugin
+    # reports ResourceExhausted when the program runs.
+    with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory.*274877906944 bytes"):
+        torch.zeros(2**36, device="tpu").sum().item()
+    assert_close((torch.ones(3, device="tpu") * 2).sum(), torch.tensor(6.0))
+
+
 BAD_CALLS = {
     "dim out of range": (lambda x: x.sum(5), r"op `sum` on tpu:0 with inputs \(f32\[2, 3\]\): dimension 5 is out of range"),
     "shape mismatch": (lambda x: x @ x, "op `matmul` .* cannot be multiplied"),

@@ -278,6 +278,22 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether this error, or one it wraps, is memory running out: PJRT's
+    /// `ResourceExhausted`, or the host unable to hold an op's outputs.
+    pub fn is_out_of_memory(&self) -> bool {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = next {
+            match e.downcast_ref::<Error>() {
+                Some(Error::Pjrt { code, .. }) if *code == ErrorCode::ResourceExhausted => {
+                    return true;
+                }
+                Some(Error::HostOutOfMemory { .. }) => return true,
+                _ => next = e.source(),
+            }
+        }
+        false
+    }
 }
 
 /// `" (ranks 1, 3 did not arrive)"`, or nothing when none are known.

@@ -11,10 +11,34 @@
 """
 
 import atexit
+from importlib import metadata
 
-from . import _C
-from ._backend import register
-from ._C import RecompileWarning, TpuError, TpuIndexError, TpuNotImplementedError
+import torch
+
+
+def _check_torch_version():
+    """The C++ layer is built against one torch minor version, the one the
+    wheel pins: under another, loading it would fail on a symbol, or worse."""
+    try:
+        requires = metadata.requires("torch-tpu-rs") or []
+    except metadata.PackageNotFoundError:
+        return
+    for requirement in requires:
+        if requirement.startswith("torch=="):
+            built = requirement.removeprefix("torch==").removesuffix(".*")
+            running = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+            if running != built:
+                raise ImportError(
+                    f"torch_tpu_rs was built for torch {built}, but torch {torch.__version__}"
+                    f" is installed: install torch=={built}.* or a torch_tpu_rs built for {running}"
+                )
+
+
+_check_torch_version()
+
+from . import _C  # noqa: E402  (after the version check)
+from ._backend import register  # noqa: E402
+from ._C import RecompileWarning, TpuError, TpuIndexError, TpuNotImplementedError  # noqa: E402
 
 __all__ = [
     "RecompileWarning",

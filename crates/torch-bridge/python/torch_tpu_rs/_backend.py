@@ -1,25 +1,8 @@
 """Registers ``tpu`` with PyTorch as the PrivateUse1 backend."""
 
 import torch
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-from . import _interrupt, tpu
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self):
-        return tpu.is_available()
-
-    def has_primary_context(self, device_index):
-        return True
-
-    def is_built(self):
-        return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
+from . import tpu
 
 
 def _reduce_ex(original):
@@ -64,8 +47,10 @@ def register():
     if _registered:
         return
     _registered = True
-    _setup_privateuseone_for_python_backend("tpu", tpu, _Hooks(), _Guard())
-    _interrupt.install()
+    # The device guard and hooks are C++ (registered when _C loads).
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("tpu", tpu)
     torch.Tensor.__reduce_ex__ = _reduce_ex(torch.Tensor.__reduce_ex__)
     torch.nn.Parameter.__reduce_ex__ = _reduce_ex(torch.nn.Parameter.__reduce_ex__)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)

@@ -3,8 +3,6 @@
 import contextlib
 import os
 import enum
-import functools
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -78,52 +76,13 @@ def device_count():
     return _C.device_count()
 
 
-# The device `tpu` without an index means, per thread as in torch.cuda.
-_current = threading.local()
-
-
 def current_device():
     """The index of the device ``tpu`` (no index) means in this thread."""
-    return getattr(_current, "index", 0)
-
-
-def _set_current(index):
-    _current.index = index
-    if index != 0:
-        _resolve_tpu_in_to()
-
-
-def _resolve(device):
-    if (isinstance(device, str) and device == "tpu") or (isinstance(device, torch.device) and device.type == "tpu" and device.index is None):
-        return torch.device("tpu", current_device())
-    return device
-
-
-@functools.cache
-def _resolve_tpu_in_to():
-    """``Tensor.to("tpu")`` names the device ``tpu`` before any tpu kernel
-    sees it, through torch's device guard, which for a Python backend
-    always answers device 0. Once another device is current, ``to`` is
-    wrapped to name it instead (as ``torch.device("tpu")`` in a factory
-    and ``Tensor.tpu()`` already do)."""
-    original = torch.Tensor.to
-
-    @functools.wraps(original)
-    def to(self, *args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = _resolve(kwargs["device"])
-        return original(self, *(_resolve(a) for a in args), **kwargs)
-
-    torch.Tensor.to = to
+    return _C.current_device()
 
 
 def set_device(device):
-    """Makes ``tpu`` (no index) mean ``tpu:device`` in this thread.
-
-    Ops, copies and collectives run on any device; autograd's backward
-    runs on ``tpu:0`` only, as torch's engine keeps one queue per device
-    that the device guard of a Python backend reports, and that guard
-    reports one."""
+    """Makes ``tpu`` (no index) mean ``tpu:device`` in this thread."""
     if isinstance(device, str):
         device = torch.device(device)
     index = device.index if isinstance(device, torch.device) else int(device)
@@ -135,7 +94,7 @@ def set_device(device):
             f"tpu:{index}: invalid device ordinal; the plugin has {count} device(s)"
             " (TPU_RS_CPU_DEVICES sets how many the XLA CPU plugin makes)"
         )
-    _set_current(index)
+    _C.set_device(index)
 
 
 class device(contextlib.ContextDecorator):
