@@ -2,6 +2,7 @@
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -167,6 +168,14 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   }
   c10::Allocator* getPinnedMemoryAllocator() const override {
     return &PinnedAllocator::get();
+  }
+  // `untyped_storage().resize_(n)`: the storage keeps its address (each
+  // owns a range as large as a storage may grow); the bridge resizes the
+  // value behind it.
+  void resizePrivateUse1Bytes(const c10::Storage& storage,
+                              std::size_t bytes) const override {
+    resize_storage(reinterpret_cast<std::uintptr_t>(storage.data()), bytes);
+    storage.unsafeGetStorageImpl()->set_nbytes(bytes);
   }
 };
 

@@ -39,14 +39,7 @@ pub struct Address {
 impl Address {
     /// A range for a storage of `nbytes` on `tpu:device`.
     pub fn allocate(nbytes: usize, device: usize) -> Result<Address> {
-        if nbytes as u64 > SLOT_BYTES {
-            return Err(BridgeError::OutOfMemory(format!(
-                "tpu:{device} out of memory: tried to allocate {} ({nbytes} bytes); \
-                 one tpu storage holds at most {}",
-                human_bytes(nbytes as u64),
-                human_bytes(SLOT_BYTES)
-            )));
-        }
+        check_size(nbytes, device)?;
         let mut slots = SLOTS_IN_USE.lock().unwrap_or_else(|e| e.into_inner());
         let slot = match slots.free.pop() {
             Some(slot) => slot,
@@ -67,6 +60,20 @@ impl Address {
     pub fn get(&self) -> u64 {
         BASE + self.slot * SLOT_BYTES
     }
+}
+
+/// Whether one storage may hold `nbytes` (its range is that large); else
+/// out of memory, naming the device and the bytes.
+pub fn check_size(nbytes: usize, device: usize) -> Result<()> {
+    if nbytes as u64 > SLOT_BYTES {
+        return Err(BridgeError::OutOfMemory(format!(
+            "tpu:{device} out of memory: tried to allocate {} ({nbytes} bytes); \
+             one tpu storage holds at most {}",
+            human_bytes(nbytes as u64),
+            human_bytes(SLOT_BYTES)
+        )));
+    }
+    Ok(())
 }
 
 /// `bytes` as CUDA's messages write it (`3.64 TiB`).

@@ -14,6 +14,7 @@ mod ffi {
     extern "Rust" {
         fn device_count() -> usize;
         fn synchronize() -> Result<()>;
+        fn resize_storage(address: usize, nbytes: usize) -> Result<()>;
     }
 
     unsafe extern "C++" {
@@ -31,6 +32,10 @@ fn device_count() -> usize {
 
 fn synchronize() -> Result<()> {
     crate::kernels::synchronize()
+}
+
+fn resize_storage(address: usize, nbytes: usize) -> Result<()> {
+    crate::storage::resize(address as u64, nbytes)
 }
 
 /// Registers the `tpu` device with PyTorch's C++ core.

@@ -11,7 +11,8 @@
 //! value [`Padded`] along one dim: views that are windows of it read
 //! through a run-time start, so their programs see the bucket's shape.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use pyo3::prelude::*;
 use tpu_core::op::Attrs;
@@ -25,20 +26,34 @@ use crate::kernels::{call1, full};
 #[pyclass(module = "torch_tpu_rs._C", frozen)]
 pub struct Storage {
     dtype: DType,
-    numel: usize,
     device: usize,
     address: Address,
-    // Empty until first written: `torch.empty` allocates nothing, and an
-    // unwritten storage reads as zeros.
-    value: Mutex<Slot>,
+    // Shared with the registry of live storages, which resizes it.
+    value: Arc<Mutex<Slot>>,
 }
 
-/// What a storage holds: its value in order, padded, or both (the compact
-/// form made from the padded one on first need).
-#[derive(Default)]
+/// What a storage holds: its element count, and its value in order,
+/// padded, or both (the compact form made from the padded one on first
+/// need). No value until first written: `torch.empty` allocates nothing,
+/// and an unwritten storage reads as zeros.
 struct Slot {
+    numel: usize,
     compact: Option<Tensor>,
     padded: Option<Padded>,
+}
+
+/// A live storage, found by its address (torch's C++ core knows a storage
+/// by its data pointer only).
+struct Live {
+    dtype: DType,
+    device: usize,
+    slot: Weak<Mutex<Slot>>,
+}
+
+static LIVE: Mutex<Option<HashMap<u64, Live>>> = Mutex::new(None);
+
+fn live() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Live>>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A value held padded along one dim: the storage's elements are, in
@@ -142,13 +157,25 @@ fn as_box(layout: &Layout, shape: &[usize]) -> Option<Vec<(usize, usize)>> {
 impl Storage {
     /// A storage of `numel` elements of `dtype`, not yet written.
     pub fn empty(dtype: DType, numel: usize, device: usize) -> Result<Storage> {
-        Ok(Storage {
+        let storage = Storage {
             dtype,
-            numel,
             device,
             address: Address::allocate(bytes_of(dtype, numel), device)?,
-            value: Mutex::new(Slot::default()),
-        })
+            value: Arc::new(Mutex::new(Slot {
+                numel,
+                compact: None,
+                padded: None,
+            })),
+        };
+        let entry = Live {
+            dtype,
+            device,
+            slot: Arc::downgrade(&storage.value),
+        };
+        live()
+            .get_or_insert_with(HashMap::new)
+            .insert(storage.address(), entry);
+        Ok(storage)
     }
 
     /// A storage holding `padded`'s elements.
@@ -178,7 +205,7 @@ impl Storage {
     /// of its elements in their shape.
     pub fn padded_as(&self, layout: &Layout) -> Option<Padded> {
         self.padded()
-            .filter(|p| p.shape() == layout.size && layout.covers(self.numel))
+            .filter(|p| p.shape() == layout.size && layout.covers(self.numel()))
     }
 
     /// A storage holding `value`'s elements.
@@ -201,7 +228,7 @@ impl Storage {
 
     /// Element count.
     pub fn numel(&self) -> usize {
-        self.numel
+        self.lock().numel
     }
 
     /// The `tpu` device index.
@@ -211,7 +238,7 @@ impl Storage {
 
     /// Bytes the storage holds.
     pub fn nbytes(&self) -> usize {
-        bytes_of(self.dtype, self.numel)
+        bytes_of(self.dtype, self.numel())
     }
 
     /// The fake host address torch sees as the storage's data pointer.
@@ -227,7 +254,7 @@ impl Storage {
         }
         let value = match slot.padded.as_ref() {
             Some(padded) => padded.compact()?,
-            None => full(self.dtype, &[self.numel], 0.0, self.device)?,
+            None => full(self.dtype, &[slot.numel], 0.0, self.device)?,
         };
         slot.compact = Some(value.clone());
         Ok(value)
@@ -235,21 +262,19 @@ impl Storage {
 
     /// Binds a new value (same element count and type).
     pub fn set(&self, value: Tensor) -> Result<()> {
-        if value.shape().numel() != self.numel || value.dtype() != self.dtype {
+        let mut slot = self.lock();
+        if value.shape().numel() != slot.numel || value.dtype() != self.dtype {
             return Err(BridgeError::internal(format!(
                 "storage of {} x {} cannot hold {}",
-                self.numel,
+                slot.numel,
                 self.dtype,
                 value.ty()
             )));
         }
         crate::writes::note(&value);
-        let mut slot = self.lock();
         crate::replay::note_write(slot.compact.as_ref(), &value);
-        *slot = Slot {
-            compact: Some(value),
-            padded: None,
-        };
+        slot.compact = Some(value);
+        slot.padded = None;
         Ok(())
     }
 
@@ -265,13 +290,13 @@ impl Storage {
     /// Element count (for debugging from Python).
     #[getter(numel)]
     fn py_numel(&self) -> usize {
-        self.numel
+        self.numel()
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Storage({} x {}, tpu:{}, {})",
-            self.numel,
+            self.numel(),
             self.dtype,
             self.device,
             if self.is_written() {
@@ -281,6 +306,82 @@ impl Storage {
             }
         )
     }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some(map) = live().as_mut() {
+            map.remove(&self.address());
+        }
+    }
+}
+
+/// Resizes the storage at `address` to `nbytes` (torch's
+/// `untyped_storage().resize_`, which FSDP uses to free and regrow
+/// parameters): the elements both sizes hold keep their values, new ones
+/// read as zeros. The address stays: each storage owns a range as large as
+/// a storage may grow.
+pub fn resize(address: u64, nbytes: usize) -> Result<()> {
+    let (dtype, device, slot) = {
+        let map = live();
+        let entry = map
+            .as_ref()
+            .and_then(|m| m.get(&address))
+            .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {address:#x}")))?;
+        (entry.dtype, entry.device, entry.slot.upgrade())
+    };
+    let slot = slot.ok_or_else(|| BridgeError::internal("a tpu storage freed while resized"))?;
+    let size = dtype.size_in_bytes();
+    if nbytes % size != 0 {
+        return Err(BridgeError::Unsupported(format!(
+            "cannot resize a {dtype} tpu storage to {nbytes} bytes: not a whole number of {size}-byte elements"
+        )));
+    }
+    crate::address::check_size(nbytes, device)?;
+    let numel = nbytes / size;
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if numel == slot.numel {
+        return Ok(());
+    }
+    let old = match (&slot.compact, &slot.padded) {
+        (Some(v), _) => Some(v.clone()),
+        (None, Some(padded)) => Some(padded.compact()?),
+        (None, None) => None,
+    };
+    let resized = match old {
+        // Unwritten (or freed to nothing): reads as zeros at any size.
+        None => None,
+        Some(_) if numel == 0 => None,
+        Some(old) => {
+            let flat = call1(
+                "reshape",
+                &[old],
+                &Attrs::new().with("shape", vec![slot.numel]),
+            )?;
+            Some(if numel < slot.numel {
+                let attrs = Attrs::new()
+                    .with("dim", 0)
+                    .with("start", 0)
+                    .with("end", numel);
+                call1("slice", &[flat], &attrs)?
+            } else {
+                let pad = vec![0i64, (numel - slot.numel) as i64];
+                call1(
+                    "pad",
+                    &[flat],
+                    &Attrs::new().with("pad", pad).with("value", 0.0),
+                )?
+            })
+        }
+    };
+    if let Some(value) = &resized {
+        crate::writes::note(value);
+        crate::replay::note_write(slot.compact.as_ref(), value);
+    }
+    slot.numel = numel;
+    slot.compact = resized;
+    slot.padded = None;
+    Ok(())
 }
 
 /// Bytes of `numel` elements of `dtype`.
@@ -360,7 +461,7 @@ pub fn read(storage: &Storage, layout: &Layout) -> Result<Tensor> {
         return Ok(window);
     }
     let value = storage.value()?;
-    if layout.covers(storage.numel) {
+    if layout.covers(storage.numel()) {
         if value.shape().dims() == layout.size.as_slice() {
             return Ok(value);
         }
@@ -375,7 +476,7 @@ pub fn write(storage: &Storage, layout: &Layout, src: Tensor) -> Result<()> {
     if layout.numel() == 0 {
         return Ok(());
     }
-    if layout.covers(storage.numel) {
+    if layout.covers(storage.numel()) {
         return storage.set(src);
     }
     let base = storage.value()?;

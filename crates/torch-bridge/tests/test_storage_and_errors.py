@@ -87,6 +87,35 @@ def test_device_memory_running_out_is_out_of_memory(mode):
     assert_close((torch.ones(3, device="tpu") * 2).sum(), torch.tensor(6.0))
 
 
+def test_storage_resize_keeps_the_elements_both_sizes_hold(mode):
+    # What FSDP does to a parameter's storage: free it to nothing, regrow it,
+    # write into it. The address stays, as CUDA's caching allocator's may not.
+    x = torch.arange(12.0, device="tpu")
+    storage = x.untyped_storage()
+    address = storage.data_ptr()
+    storage.resize_(8 * 4)
+    assert storage.nbytes() == 32 and x.untyped_storage().nbytes() == 32
+    view = torch.empty(0, device="tpu").set_(storage, 0, (8,))
+    assert torch.equal(view.cpu(), torch.arange(8.0))
+    storage.resize_(16 * 4)
+    grown = torch.empty(0, device="tpu").set_(storage, 0, (16,))
+    assert torch.equal(grown[:8].cpu(), torch.arange(8.0))
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    storage.resize_(0)
+    del view, grown
+    torch.tpu.synchronize()
+    assert storage.nbytes() == 0 and torch.tpu.memory_allocated() < before
+    storage.resize_(6 * 4)
+    regrown = torch.empty(0, device="tpu").set_(storage, 0, (6,))
+    regrown.copy_(torch.arange(6.0) * 2)
+    assert storage.data_ptr() == address
+    assert x.untyped_storage().nbytes() == 24
+    assert torch.equal(regrown.cpu(), torch.arange(6.0) * 2)
+    with pytest.raises(RuntimeError, match="cannot resize a f32 tpu storage to 3 bytes"):
+        storage.resize_(3)
+
+
 BAD_CALLS = {
     "dim out of range": (lambda x: x.sum(5), r"op `sum` on tpu:0 with inputs \(f32\[2, 3\]\): dimension 5 is out of range"),
     "shape mismatch": (lambda x: x @ x, "op `matmul` .* cannot be multiplied"),

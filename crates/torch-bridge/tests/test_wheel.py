@@ -77,3 +77,10 @@ def test_the_extension_names_only_bundled_torch_and_manylinux_libraries():
     others = [n for n in needed if n not in bundled and n not in torch_libs and not n.startswith(MANYLINUX_SYSTEM)]
     assert others == [], f"{extension} needs {others} from the system"
     assert any(n.startswith("libgloo-") for n in needed), needed
+
+
+def test_importing_the_package_before_torch_works():
+    # torch's backend autoload then finds the package half-initialised.
+    code = "import torch_tpu_rs, torch\nprint(torch.ones(2, device='tpu').sum().item())\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["2.0"], out.stderr[-3000:]

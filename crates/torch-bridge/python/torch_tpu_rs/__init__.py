@@ -13,7 +13,14 @@
 import atexit
 from importlib import metadata
 
-import torch
+
+def _autoload():
+    """The ``torch.backends`` entry point: importing this package is enough.
+    (Defined before torch is imported: importing this package first makes
+    torch's autoload look for it in the half-initialised package.)"""
+
+
+import torch  # noqa: E402
 
 
 def _check_torch_version():
@@ -52,10 +59,6 @@ __all__ = [
 register()
 # A trace TPU_RS_PROFILE started is completed when the interpreter exits.
 atexit.register(_C.profile_stop)
-
-
-def _autoload():
-    """The ``torch.backends`` entry point: importing this package is enough."""
 
 
 def metrics():
