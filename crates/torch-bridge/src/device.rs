@@ -120,13 +120,15 @@ pub fn set_eager_mode(mode: &str) -> PyResult<()> {
 }
 
 /// Runs everything pending on the device.
+/// Other Python threads run meanwhile.
 #[pyfunction]
-pub fn synchronize() -> PyResult<()> {
-    Ok(crate::profile::from_python(kernels::synchronize)?)
+pub fn synchronize(py: Python<'_>) -> PyResult<()> {
+    Ok(py.detach(|| crate::profile::from_python(kernels::synchronize))?)
 }
 
-/// Starts everything pending on the device, without waiting for it.
+/// Starts everything pending on the device, without waiting for it (the
+/// compiles it needs let other Python threads run).
 #[pyfunction]
-pub fn flush() -> PyResult<()> {
-    Ok(crate::profile::from_python(kernels::flush)?)
+pub fn flush(py: Python<'_>) -> PyResult<()> {
+    Ok(py.detach(|| crate::profile::from_python(kernels::flush))?)
 }

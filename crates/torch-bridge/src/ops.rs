@@ -11,7 +11,7 @@ use crate::args::{Inputs, attrs, host_value, is_number, tensors};
 use crate::error::{BridgeError, Result};
 use crate::kernels::{broadcast, call, cast};
 use crate::storage::write;
-use crate::torch::{View, download, dtype_of, wrap};
+use crate::torch::{View, cpu_tensor, dtype_of, host_copy, wrap};
 
 fn inputs<'py>(
     op: &str,
@@ -122,7 +122,10 @@ fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
 pub fn to_cpu<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let view = View::of(t)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
     let value = view.read()?;
-    Ok(crate::profile::from_python(|| download(py, &value))?)
+    // The wait for the value (and the run of a deferred graph it needs)
+    // lets other Python threads go on.
+    let host = py.detach(|| crate::profile::from_python(|| host_copy(&value)))?;
+    Ok(cpu_tensor(py, &host)?)
 }
 
 /// A tpu copy of CPU tensor `t` on device `device`.

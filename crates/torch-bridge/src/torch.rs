@@ -284,11 +284,6 @@ pub fn host_copy(value: &Tensor) -> Result<HostBuffer> {
     Ok(HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?)
 }
 
-/// A CPU torch tensor with `value`'s elements.
-pub fn download<'py>(py: Python<'py>, value: &Tensor) -> Result<Bound<'py, PyAny>> {
-    cpu_tensor(py, &host_copy(value)?)
-}
-
 /// A CPU torch tensor holding a copy of `host`.
 pub fn cpu_tensor<'py>(py: Python<'py>, host: &HostBuffer) -> Result<Bound<'py, PyAny>> {
     let api = api(py)?;

@@ -5,6 +5,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -19,6 +21,41 @@ def test_device_queries():
     props = torch.tpu.get_device_properties(0)
     assert "via PJRT plugin" in props.description
     assert torch.device("tpu").type == "tpu"
+
+
+@pytest.mark.parametrize("wait", ["synchronize", "cpu"])
+def test_waiting_for_the_device_lets_other_python_threads_run(mode, wait):
+    x = torch.randn(1024, 1024, device="tpu") / 32
+
+    def work():
+        y = x
+        for _ in range(6):
+            y = y @ x
+        return y
+
+    work().cpu()  # compiled once, outside the measurement
+    stamps, stop = [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            stamps.append(time.monotonic())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    try:
+        y = work()
+        start = time.monotonic()
+        torch.tpu.synchronize() if wait == "synchronize" else y.cpu()
+        end = time.monotonic()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    # Past the interpreter's switch interval, the probe runs only if the
+    # wait released the GIL.
+    inside = [t for t in stamps if start + 0.02 < t < end - 0.001]
+    assert end - start > 0.05, f"the wait took only {end - start:.3f} s: nothing to measure"
+    assert inside, f"no other thread ran during a {end - start:.3f} s wait"
 
 
 def test_eager_mode_scope_restores():
