@@ -3,7 +3,8 @@
 //! device bytes tpu-rs buffers hold, the programs built (compiled, or loaded
 //! from the disk cache) and the process's resident memory; then a verdict:
 //! `flat` when, from the warm-up step on, device bytes and programs do not
-//! change and RSS stays within 2% of its value then.
+//! change and RSS stays within 2% of its value then. It exits with status 1
+//! when either mode is not flat.
 //!
 //! ```text
 //! cargo bench -p tpu-rs --bench soak -- [--steps 10000] [--every 500] [--warmup 1000]
@@ -51,7 +52,8 @@ fn rss_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-fn soak(mode: EagerMode, steps: usize, every: usize, warmup: usize) -> Result<()> {
+/// Trains under `mode`, prints the table, and returns the verdict.
+fn soak(mode: EagerMode, steps: usize, every: usize, warmup: usize) -> Result<String> {
     println!("\n{steps} steps under {mode}");
     println!(
         "{:>7} {:>12} {:>9} {:>9} {:>8}",
@@ -95,11 +97,9 @@ fn soak(mode: EagerMode, steps: usize, every: usize, warmup: usize) -> Result<()
         }
         Ok(rows)
     })??;
-    println!(
-        "verdict ({mode}, after step {warmup}): {}",
-        verdict(&rows, warmup)
-    );
-    Ok(())
+    let verdict = verdict(&rows, warmup);
+    println!("verdict ({mode}, after step {warmup}): {verdict}");
+    Ok(verdict)
 }
 
 /// `flat`, or what grew from the first row at or past `warmup` on.
@@ -149,8 +149,17 @@ fn main() -> Result<()> {
     let steps = flag(&args, "--steps", 10_000);
     let every = flag(&args, "--every", 500).max(1);
     let warmup = flag(&args, "--warmup", 1_000);
+    let mut failed = Vec::new();
     for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
-        soak(mode, steps, every, warmup)?;
+        let verdict = soak(mode, steps, every, warmup)?;
+        if verdict != "flat" {
+            failed.push(format!("{mode}: {verdict}"));
+        }
+    }
+    // A failing exit status is what makes `cargo xtask soak` fail on growth.
+    if !failed.is_empty() {
+        eprintln!("soak: not flat ({})", failed.join("; "));
+        std::process::exit(1);
     }
     Ok(())
 }

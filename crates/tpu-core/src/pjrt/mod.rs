@@ -10,6 +10,7 @@ mod event;
 mod executable;
 pub(crate) mod ffi;
 mod kv;
+mod malloc;
 mod options;
 mod plugin;
 
