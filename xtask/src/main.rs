@@ -265,10 +265,17 @@ fn test() -> Result<(), String> {
 /// The long runs: the GPT soak bench, then the bridge's MLP soak in each
 /// mode. `args` (e.g. `--steps 2000`) go to both.
 fn soak(args: Vec<String>) -> Result<(), String> {
+    // One malloc arena: with glibc's default (one per thread that
+    // allocates, up to 8 per core) each of the plugin's worker threads keeps
+    // its own free copy of a program's scratch memory, and RSS rises in
+    // steps to a plateau while the bytes in use stay constant. The soak
+    // asserts flat RSS, so it runs without that fragmentation
+    // (docs/reliability.md).
     run(cargo()
         .args(["bench", "-p", "tpu-rs", "--bench", "soak", "--"])
         .args(&args)
-        .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN))?;
+        .env("TPU_RS_PLUGIN", DEFAULT_PLUGIN)
+        .env("MALLOC_ARENA_MAX", "1"))?;
     install_bridge()?;
     for mode in ["strict", "defer_and_fuse"] {
         run(Command::new(venv_python())

@@ -10,7 +10,6 @@ mod event;
 mod executable;
 pub(crate) mod ffi;
 mod kv;
-mod malloc;
 mod options;
 mod plugin;
 

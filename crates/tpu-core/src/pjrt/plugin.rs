@@ -77,7 +77,6 @@ impl Plugin {
         if file_name.contains("libtpu") {
             prepare_libtpu_env();
         }
-        super::malloc::limit_arenas();
         if let Some(warning) = writable_by_others(&path) {
             // Shown whether or not a tracing subscriber is installed: the
             // plugin runs as this process.
