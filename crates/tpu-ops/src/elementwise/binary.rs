@@ -404,17 +404,49 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
             dtype
         };
         let (l, r) = (b.convert(&l, wide), b.convert(&r, wide));
-        let q = b.binary("stablehlo.divide", &l, &r);
+        let plain = b.binary("stablehlo.divide", &l, &r);
+        // The quotient the plugin computes may be off by an ulp (a division
+        // by a broadcast divisor can become a multiplication by its
+        // reciprocal): 2 / 2 as 0.99999994 floors to 0. The exact remainder
+        // (fmod) makes `l - rem` an exact multiple of `r`, whose quotient
+        // is an integer up to that ulp, so rounding it to the nearest
+        // integer gives the truncated quotient exactly.
+        let rem = b.binary("stablehlo.remainder", &l, &r);
+        let whole = b.binary("stablehlo.subtract", &l, &rem);
+        let q = b.binary("stablehlo.divide", &whole, &r);
+        let q = b.unary("stablehlo.round_nearest_even", &q);
         let rounded = match mode {
-            Rounding::Floor => b.unary("stablehlo.floor", &q),
+            Rounding::Trunc => q,
+            Rounding::Floor => {
+                let fix = floor_fix(b, &rem, &r);
+                let one = b.constant(wide, shape.dims(), 1.0);
+                let lower = b.binary("stablehlo.subtract", &q, &one);
+                b.select(&fix, &lower, &q)
+            }
+        };
+        // Zero or infinite operands (and NaN) keep the plain quotient's
+        // rounding: inf, nan and signed zeros as IEEE division gives them.
+        // `x - x` is 0 exactly when `x` is finite.
+        let zero = b.constant(wide, shape.dims(), 0.0);
+        let finite = |b: &mut Builder, x: &Value| {
+            let d = b.binary("stablehlo.subtract", x, x);
+            b.compare(Compare::Eq, &d, &zero)
+        };
+        let finite_l = finite(b, &l);
+        let finite_r = finite(b, &r);
+        let r_nonzero = b.compare(Compare::Ne, &r, &zero);
+        let ordinary = b.binary("stablehlo.and", &finite_l, &finite_r);
+        let ordinary = b.binary("stablehlo.and", &ordinary, &r_nonzero);
+        let plain = match mode {
+            Rounding::Floor => b.unary("stablehlo.floor", &plain),
             Rounding::Trunc => {
-                // trunc(q) = sign(q) * floor(|q|)
-                let mag = b.unary("stablehlo.abs", &q);
+                let mag = b.unary("stablehlo.abs", &plain);
                 let mag = b.unary("stablehlo.floor", &mag);
-                let sign = b.unary("stablehlo.sign", &q);
+                let sign = b.unary("stablehlo.sign", &plain);
                 b.binary("stablehlo.multiply", &sign, &mag)
             }
         };
+        let rounded = b.select(&ordinary, &rounded, &plain);
         return b.convert(&rounded, dtype);
     }
     let q = b.binary("stablehlo.divide", &l, &r);
