@@ -362,6 +362,31 @@ fn lower_remainder(b: &mut Builder, x: &[Value]) -> Vec<Value> {
     vec![b.select(&fix, &shifted, &rem)]
 }
 
+/// C's `fmod`: the remainder of the truncated quotient, with the sign of
+/// `x`. Exact in every float format, unlike `x - trunc(x / y) * y`.
+fn lower_fmod(b: &mut Builder, x: &[Value]) -> Vec<Value> {
+    let dtype = promote(x[0].ty(), x[1].ty());
+    let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
+    let (l, r) = operands(b, x, dtype, shape.dims());
+    vec![b.binary("stablehlo.remainder", &l, &r)]
+}
+
+fn fmod_i(x: i64, y: i64) -> i64 {
+    if y == 0 {
+        0
+    } else {
+        x.wrapping_rem(y)
+    }
+}
+
+/// Rounds toward zero, keeping the sign of a zero result.
+fn trunc(b: &mut Builder, x: &Value) -> Value {
+    let mag = b.unary("stablehlo.abs", x);
+    let mag = b.unary("stablehlo.floor", &mag);
+    let sign = b.unary("stablehlo.sign", x);
+    b.binary("stablehlo.multiply", &sign, &mag)
+}
+
 /// `x / y` rounded toward negative infinity (`floor`) or zero (`trunc`).
 #[derive(Clone, Copy, PartialEq)]
 enum Rounding {
@@ -412,22 +437,40 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
         // is an integer up to that ulp, so rounding it to the nearest
         // integer gives the truncated quotient exactly.
         let rem = b.binary("stablehlo.remainder", &l, &r);
-        let whole = b.binary("stablehlo.subtract", &l, &rem);
-        let q = b.binary("stablehlo.divide", &whole, &r);
-        let q = b.unary("stablehlo.round_nearest_even", &q);
+        let zero = b.constant(wide, shape.dims(), 0.0);
         let rounded = match mode {
-            Rounding::Trunc => q,
             Rounding::Floor => {
+                let whole = b.binary("stablehlo.subtract", &l, &rem);
+                let q = b.binary("stablehlo.divide", &whole, &r);
+                let q = b.unary("stablehlo.round_nearest_even", &q);
                 let fix = floor_fix(b, &rem, &r);
                 let one = b.constant(wide, shape.dims(), 1.0);
                 let lower = b.binary("stablehlo.subtract", &q, &one);
                 b.select(&fix, &lower, &q)
             }
+            Rounding::Trunc => {
+                // PyTorch truncates the rounded quotient (a quotient just
+                // under an integer may round up to it), so the quotient
+                // must be rounded once and correctly: through float64 for
+                // narrower floats (double rounding of a quotient is
+                // harmless when the wide format has 2p + 2 bits), and an
+                // exact multiple takes the exact integer.
+                let q = if wide == DType::F64 {
+                    plain.clone()
+                } else {
+                    let (l64, r64) = (b.convert(&l, DType::F64), b.convert(&r, DType::F64));
+                    let q64 = b.binary("stablehlo.divide", &l64, &r64);
+                    b.convert(&q64, wide)
+                };
+                let exact = b.unary("stablehlo.round_nearest_even", &plain);
+                let multiple = b.compare(Compare::Eq, &rem, &zero);
+                let q = b.select(&multiple, &exact, &q);
+                trunc(b, &q)
+            }
         };
         // Zero or infinite operands (and NaN) keep the plain quotient's
         // rounding: inf, nan and signed zeros as IEEE division gives them.
         // `x - x` is 0 exactly when `x` is finite.
-        let zero = b.constant(wide, shape.dims(), 0.0);
         let finite = |b: &mut Builder, x: &Value| {
             let d = b.binary("stablehlo.subtract", x, x);
             b.compare(Compare::Eq, &d, &zero)
@@ -439,12 +482,7 @@ fn lower_rounded_div(b: &mut Builder, x: &[Value], mode: Rounding) -> Value {
         let ordinary = b.binary("stablehlo.and", &ordinary, &r_nonzero);
         let plain = match mode {
             Rounding::Floor => b.unary("stablehlo.floor", &plain),
-            Rounding::Trunc => {
-                let mag = b.unary("stablehlo.abs", &plain);
-                let mag = b.unary("stablehlo.floor", &mag);
-                let sign = b.unary("stablehlo.sign", &plain);
-                b.binary("stablehlo.multiply", &sign, &mag)
-            }
+            Rounding::Trunc => trunc(b, &plain),
         };
         let rounded = b.select(&ordinary, &rounded, &plain);
         return b.convert(&rounded, dtype);
@@ -536,5 +574,29 @@ inventory::submit! {
         samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
         arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
         torch: Torch::Expr("torch.remainder(x[0], x[1])"),
+    }
+}
+
+inventory::submit! {
+    op_def! {
+        name: "fmod",
+        arity: Arity::Exactly(2),
+        flags: Flags::ELEMENTWISE,
+        dtypes: NUMERIC,
+        infer: |x, _| Ok(vec![infer_binary(x, NUMERIC, false)?]),
+        lower: |b, x, _| Ok(lower_fmod(b, x)),
+        reference: |x, _| arith_ref(x, false, |a, b| a % b, fmod_i),
+        vjp: Some(|t, a| {
+            // d/dx = 1, d/dy = -trunc(x / y)
+            let (x, y) = promoted(t, a)?;
+            let q = t.call1("rounded_div", &[x, y], Attrs::new().with("rounding", "trunc"))?;
+            let gq = t.mul(a.grads[0], q)?;
+            let gb = t.neg(gq)?;
+            grads(t, a, a.grads[0], gb)
+        }),
+        tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
+        samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
+        arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+        torch: Torch::Expr("torch.fmod(x[0], x[1])"),
     }
 }

@@ -210,18 +210,13 @@ def div(self, other):
 def div_mode(self, other, *, rounding_mode=None):
     if rounding_mode not in (None, "trunc", "floor"):
         raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+    if rounding_mode is None:
+        return div(self, other)
     dtype = torch.result_type(self, other)
-    if rounding_mode is not None:
-        _check_integer_divisor(dtype, other)
-        if not dtype.is_floating_point:
-            # Exact for every integer (a float quotient is not past 2**53).
-            return run("rounded_div", [self, other], {"rounding": rounding_mode}, dtype)
-    q = div(self, other)
-    if rounding_mode == "trunc":
-        q = _trunc(q)
-    elif rounding_mode == "floor":
-        q = run("floor", [q])
-    return run("cast", [q], {"dtype": dtype}) if q.dtype != dtype else q
+    _check_integer_divisor(dtype, other)
+    # Exact for integers; floats round the quotient of the exact remainder
+    # (half types in float32, as the CPU does), never a rounded quotient.
+    return run("rounded_div", [self, other], {"rounding": rounding_mode}, dtype)
 
 
 @kernel("floor_divide", "floor_divide.Scalar")
@@ -232,8 +227,8 @@ def floor_divide(self, other):
 @kernel("fmod.Tensor", "fmod.Scalar")
 def fmod(self, other):
     dtype = torch.result_type(self, other)
-    q = div_mode(self, other, rounding_mode="trunc")
-    return run("sub", [self, run("mul", [q, other], None, dtype)], None, dtype)
+    _check_integer_divisor(dtype, other)
+    return run("fmod", [self, other], None, dtype)
 
 
 # Comparisons compare in the promoted dtype (and give bool).
