@@ -44,10 +44,14 @@ fn main() {
     check_pin(&torch.version);
 
     let mut build = cxx_build::bridge("src/native.rs");
-    build.file("native/device.cc").std("c++20").define(
-        "_GLIBCXX_USE_CXX11_ABI",
-        if torch.cxx11_abi { "1" } else { "0" },
-    );
+    build
+        .file("native/device.cc")
+        .file("native/allocator.cc")
+        .std("c++20")
+        .define(
+            "_GLIBCXX_USE_CXX11_ABI",
+            if torch.cxx11_abi { "1" } else { "0" },
+        );
     for dir in &torch.includes {
         build
             .flag("-isystem")

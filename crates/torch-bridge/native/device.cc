@@ -1,5 +1,7 @@
 #include "torch-bridge/native/device.h"
 
+#include "torch-bridge/native/allocator.h"
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
@@ -188,6 +190,7 @@ void install() {
               "torch_tpu_rs cannot register tpu");
   c10::impl::registerDeviceGuard(kTpu, &guard());
   at::RegisterPrivateUse1HooksInterface(new Hooks());
+  install_allocator();
 }
 
 int8_t current_device() { return current; }

@@ -50,14 +50,12 @@ pub fn platform() -> PyResult<String> {
     Ok(runtime()?.client().platform_name().to_string())
 }
 
-/// Device memory of `index`: bytes in use, peak, limit, as the plugin
-/// reports them, plus the bytes tpu-rs buffers hold now and at peak.
+/// Device memory of `index` as the plugin reports it: bytes in use, peak
+/// and limit (each where it gives one). tpu-rs's own counters reach torch
+/// through the allocator (`native/allocator.cc`).
 #[pyfunction]
 pub fn memory_stats(py: Python<'_>, index: usize) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
-    let m = tpu_core::metrics::metrics();
-    out.set_item("allocated_bytes", m.live_device_bytes)?;
-    out.set_item("peak_allocated_bytes", m.peak_device_bytes)?;
     if let Some(stats) = runtime()?
         .client()
         .memory_stats(index)
@@ -70,10 +68,9 @@ pub fn memory_stats(py: Python<'_>, index: usize) -> PyResult<Bound<'_, PyDict>>
     Ok(out)
 }
 
-/// Restarts the peak of allocated bytes at the current value.
-#[pyfunction]
-pub fn reset_peak_memory_stats() {
-    tpu_core::metrics::reset_peak_device_bytes();
+/// The plugin's memory report for device `index`, when it gives one.
+pub fn plugin_memory(index: usize) -> Option<tpu_core::MemoryStats> {
+    Runtime::global().ok()?.client().memory_stats(index).ok()?
 }
 
 /// The runtime's counters: compiles, cache hits, executions, graphs cut

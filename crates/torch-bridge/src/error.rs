@@ -59,6 +59,17 @@ impl std::fmt::Display for BridgeError {
 /// Result of a bridge call.
 pub type Result<T> = std::result::Result<T, BridgeError>;
 
+impl BridgeError {
+    /// True when the device (or host) could not hold what was asked for.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            BridgeError::OutOfMemory(_) => true,
+            BridgeError::Core(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+}
+
 impl From<tpu_core::Error> for BridgeError {
     fn from(e: tpu_core::Error) -> BridgeError {
         BridgeError::Core(e)

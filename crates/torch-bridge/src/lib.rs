@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod address;
+mod allocator;
 mod args;
 mod buckets;
 mod device;
@@ -101,7 +102,6 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::describe, m)?)?;
     m.add_function(wrap_pyfunction!(device::platform, m)?)?;
     m.add_function(wrap_pyfunction!(device::memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(device::reset_peak_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(device::metrics, m)?)?;
     m.add_function(wrap_pyfunction!(device::eager_mode, m)?)?;
     m.add_function(wrap_pyfunction!(device::set_eager_mode, m)?)?;

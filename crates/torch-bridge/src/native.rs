@@ -1,5 +1,5 @@
-//! The C++ layer (native/device.cc): PrivateUse1's device guard and hooks,
-//! registered with PyTorch's C++ core when the module loads. It calls back
+//! The C++ layer (native/): PrivateUse1's device guard, hooks and
+//! allocator, registered with PyTorch's C++ core when the module loads. It calls back
 //! only into the Rust below, never into Python, so torch may use it where
 //! an exception must not escape (a stream lookup while autograd records a
 //! node) and from its own threads (the autograd engine's per-device
@@ -11,10 +11,42 @@ use crate::error::{BridgeError, Result};
 
 #[cxx::bridge(namespace = "tpu_bridge")]
 mod ffi {
+    /// A storage the allocator made: its address, or why not.
+    struct Allocation {
+        address: usize,
+        out_of_memory: bool,
+        error: String,
+    }
+
+    /// One device's memory counters (see `tpu_core::memory`).
+    struct MemoryCounters {
+        bytes: u64,
+        peak_bytes: u64,
+        buffers: u64,
+        peak_buffers: u64,
+        allocated_bytes: u64,
+        freed_bytes: u64,
+        allocations: u64,
+        frees: u64,
+    }
+
+    /// A device's free and total memory, when its plugin reports a limit.
+    struct MemoryInfo {
+        known: bool,
+        free_bytes: usize,
+        total_bytes: usize,
+    }
+
     extern "Rust" {
         fn device_count() -> usize;
         fn synchronize() -> Result<()>;
         fn resize_storage(address: usize, nbytes: usize) -> Result<()>;
+        fn allocate_storage(nbytes: usize, device: i8) -> Allocation;
+        fn release_storage(address: usize);
+        fn device_memory(device: i8) -> MemoryCounters;
+        fn reset_memory_peaks(device: i8);
+        fn reset_memory_totals(device: i8);
+        fn memory_info(device: i8) -> MemoryInfo;
     }
 
     unsafe extern "C++" {
@@ -36,6 +68,63 @@ fn synchronize() -> Result<()> {
 
 fn resize_storage(address: usize, nbytes: usize) -> Result<()> {
     crate::storage::resize(address as u64, nbytes)
+}
+
+fn allocate_storage(nbytes: usize, device: i8) -> ffi::Allocation {
+    match crate::allocator::allocate(nbytes, device.max(0) as usize) {
+        Ok(address) => ffi::Allocation {
+            address: address as usize,
+            out_of_memory: false,
+            error: String::new(),
+        },
+        Err(e) => ffi::Allocation {
+            address: 0,
+            out_of_memory: e.is_out_of_memory(),
+            error: e.to_string(),
+        },
+    }
+}
+
+fn release_storage(address: usize) {
+    crate::allocator::release(address as u64);
+}
+
+fn device_memory(device: i8) -> ffi::MemoryCounters {
+    let m = tpu_core::memory::device_memory(device.max(0) as usize);
+    ffi::MemoryCounters {
+        bytes: m.bytes,
+        peak_bytes: m.peak_bytes,
+        buffers: m.buffers,
+        peak_buffers: m.peak_buffers,
+        allocated_bytes: m.allocated_bytes,
+        freed_bytes: m.freed_bytes,
+        allocations: m.allocations,
+        frees: m.frees,
+    }
+}
+
+fn reset_memory_peaks(device: i8) {
+    tpu_core::memory::reset_peaks(device.max(0) as usize);
+}
+
+fn reset_memory_totals(device: i8) {
+    tpu_core::memory::reset_totals(device.max(0) as usize);
+}
+
+fn memory_info(device: i8) -> ffi::MemoryInfo {
+    let stats = crate::device::plugin_memory(device.max(0) as usize);
+    match stats.and_then(|s| Some((s.bytes_limit?, s.bytes_in_use))) {
+        Some((limit, in_use)) => ffi::MemoryInfo {
+            known: true,
+            free_bytes: limit.saturating_sub(in_use) as usize,
+            total_bytes: limit as usize,
+        },
+        None => ffi::MemoryInfo {
+            known: false,
+            free_bytes: 0,
+            total_bytes: 0,
+        },
+    }
 }
 
 /// Registers the `tpu` device with PyTorch's C++ core.

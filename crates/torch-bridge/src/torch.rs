@@ -125,10 +125,19 @@ impl View {
             return Ok(None);
         }
         let storage = t.call_method0(intern!(py, "untyped_storage"))?;
-        let Ok(handle) = storage.getattr(intern!(py, HANDLE)) else {
-            return Ok(None);
+        let storage: Py<Storage> = match storage.getattr(intern!(py, HANDLE)) {
+            Ok(handle) => handle.extract().map_err(PyErr::from)?,
+            // A storage torch's C++ core allocated (or none of ours).
+            Err(_) => {
+                let address = storage
+                    .call_method0(intern!(py, "data_ptr"))
+                    .and_then(|a| a.extract::<u64>());
+                match address.ok().and_then(|a| crate::allocator::owned(py, a)) {
+                    Some(storage) => storage,
+                    None => return Ok(None),
+                }
+            }
         };
-        let storage: Py<Storage> = handle.extract().map_err(PyErr::from)?;
         let size: Vec<usize> = t.getattr(intern!(py, "shape"))?.extract()?;
         let stride: Vec<usize> = t.call_method0(intern!(py, "stride"))?.extract()?;
         let offset: usize = t.call_method0(intern!(py, "storage_offset"))?.extract()?;

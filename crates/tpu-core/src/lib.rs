@@ -26,6 +26,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod host;
+pub mod memory;
 pub mod metrics;
 pub mod op;
 pub mod pjrt;

@@ -271,7 +271,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> OpResult<VjpCheck> {
     let (right, left) = (slope(&plus, &centre, eps), slope(&centre, &minus, eps));
     if (right - left).abs() > 1e-3 * right.abs().max(left.abs()).max(1.0) {
         return Ok(VjpCheck::Unchecked(
-            "a jump or kink within finite-difference reach".into(),
+            "a jump or kink within finite-difference reach",
         ));
     }
     let scale = analytic.abs().max(numeric.abs()).max(1.0);

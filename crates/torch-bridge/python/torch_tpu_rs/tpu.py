@@ -14,6 +14,7 @@ __all__ = [
     "current_device",
     "device",
     "device_count",
+    "empty_cache",
     "eager_mode",
     "get_device_name",
     "get_device_properties",
@@ -24,9 +25,13 @@ __all__ = [
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
     "memory_allocated",
+    "memory_reserved",
     "memory_stats",
     "metrics",
+    "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -205,23 +210,52 @@ def get_device_properties(device=None):
 
 
 def memory_stats(device=None):
-    """Device memory counters: ``allocated_bytes`` and ``peak_allocated_bytes``
-    (tpu-rs buffers), plus the plugin's own figures where it reports them."""
-    return dict(_C.memory_stats(_index(device)))
+    """Device memory counters under CUDA's names (``allocated_bytes.all.current``,
+    ``allocation.all.peak``, ...): the bytes and buffers tpu values hold on the
+    device. Nothing is cached, so reserved, active and requested bytes equal
+    allocated bytes."""
+    return torch.accelerator.memory_stats(_index(device))
 
 
 def memory_allocated(device=None):
-    """Bytes held in tpu buffers now."""
-    return memory_stats(device)["allocated_bytes"]
+    """Bytes held in tpu buffers on the device now."""
+    return torch.accelerator.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None):
     """The most bytes held at once since start or the last reset."""
-    return memory_stats(device)["peak_allocated_bytes"]
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device=None):
+    """Bytes reserved on the device: what is allocated (nothing is cached)."""
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None):
+    """The most bytes reserved at once since start or the last reset."""
+    return torch.accelerator.max_memory_reserved(_index(device))
 
 
 def reset_peak_memory_stats(device=None):
-    _C.reset_peak_memory_stats()
+    """Restarts the device's peaks at the current values."""
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Zeroes the device's totals of bytes and buffers allocated and freed."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache():
+    """Nothing to release: device memory goes back when its last tensor dies."""
+    torch.accelerator.empty_cache()
+
+
+def mem_get_info(device=None):
+    """``(free, total)`` bytes of the device, where its plugin reports a limit
+    (raises ``NotImplementedError`` where it does not, as the CPU plugin)."""
+    return torch.accelerator.get_memory_info(_index(device))
 
 
 def metrics():

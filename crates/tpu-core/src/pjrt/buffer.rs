@@ -51,7 +51,9 @@ impl Buffer {
         shape: Shape,
         device: usize,
     ) -> Buffer {
-        crate::metrics::device_alloc((shape.numel() * dtype.size_in_bytes()) as u64);
+        let bytes = (shape.numel() * dtype.size_in_bytes()) as u64;
+        crate::metrics::device_alloc(bytes);
+        crate::memory::alloc(device, bytes);
         Buffer {
             raw,
             client,
@@ -192,6 +194,7 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         crate::metrics::device_free(self.size_in_bytes() as u64);
+        crate::memory::free(self.device, self.size_in_bytes() as u64);
         let mut args = Padded::<sys::PJRT_Buffer_Destroy_Args>::new();
         args.buffer = self.raw;
         if let Err(e) = pjrt_call!(self.client.api, PJRT_Buffer_Destroy, &mut args) {

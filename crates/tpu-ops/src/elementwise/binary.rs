@@ -372,11 +372,7 @@ fn lower_fmod(b: &mut Builder, x: &[Value]) -> Vec<Value> {
 }
 
 fn fmod_i(x: i64, y: i64) -> i64 {
-    if y == 0 {
-        0
-    } else {
-        x.wrapping_rem(y)
-    }
+    if y == 0 { 0 } else { x.wrapping_rem(y) }
 }
 
 /// Rounds toward zero, keeping the sign of a zero result.
