@@ -5,17 +5,16 @@
 //! the torch storage object instead.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use pyo3::prelude::*;
 use tpu_core::DType;
 
 use crate::error::{BridgeError, Result};
 use crate::storage::Storage;
 
-static OWNED: Mutex<Option<HashMap<u64, Py<Storage>>>> = Mutex::new(None);
+static OWNED: Mutex<Option<HashMap<u64, Arc<Storage>>>> = Mutex::new(None);
 
-fn owned_map() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Py<Storage>>>> {
+fn owned_map() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Arc<Storage>>>> {
     OWNED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -30,7 +29,6 @@ pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
     }
     let storage = Storage::empty(DType::U8, nbytes, device)?;
     let address = storage.address();
-    let storage = Python::attach(|py| Py::new(py, storage))?;
     owned_map()
         .get_or_insert_with(HashMap::new)
         .insert(address, storage);
@@ -41,12 +39,4 @@ pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
 pub fn release(address: u64) {
     let storage = owned_map().as_mut().and_then(|m| m.remove(&address));
     drop(storage);
-}
-
-/// The storage the allocator made at `address`, if it did.
-pub fn owned(py: Python<'_>, address: u64) -> Option<Py<Storage>> {
-    owned_map()
-        .as_ref()
-        .and_then(|m| m.get(&address))
-        .map(|s| s.clone_ref(py))
 }

@@ -150,7 +150,7 @@ pub fn tensors(
         }
         match View::of(v)? {
             Some(view) => {
-                device.get_or_insert(view.storage.get().device());
+                device.get_or_insert(view.storage.device());
                 out.push(Some(view.read()?));
             }
             None => out.push(None),

@@ -148,13 +148,13 @@ impl Plan {
             return None;
         }
         let dim = dim as usize;
-        let device = first.storage.get().device();
+        let device = first.storage.device();
         let mut len = 0;
         for v in views {
             let size = &v.layout.size;
             let same_off_dim = size.len() == rank
                 && (0..rank).all(|d| d == dim || size[d] == first.layout.size[d]);
-            if !same_off_dim || v.storage.get().device() != device {
+            if !same_off_dim || v.storage.device() != device {
                 return None;
             }
             len += size[dim];
@@ -204,7 +204,6 @@ impl Plan {
     fn start(&self, view: &View, dtype: DType) -> Result<(Tensor, usize)> {
         let held = view
             .storage
-            .get()
             .padded_as(&view.layout)
             .filter(|p| p.dim == self.dim);
         let (value, len) = match held {
@@ -362,7 +361,7 @@ fn held_padded_while_on(t: &Bound<'_, PyAny>) -> Result<Option<Padded>> {
 
 /// The padded value of a tpu tensor that views all of a padded storage.
 fn held_padded(t: &Bound<'_, PyAny>) -> Result<Option<Padded>> {
-    Ok(View::of(t)?.and_then(|view| view.storage.get().padded_as(&view.layout)))
+    Ok(View::of(t)?.and_then(|view| view.storage.padded_as(&view.layout)))
 }
 
 #[cfg(test)]

@@ -128,7 +128,7 @@ fn write_into(dst: &Bound<'_, PyAny>, value: HostBuffer) -> Result<()> {
     };
     match View::of(dst)? {
         Some(view) => {
-            let device = view.storage.get().device();
+            let device = view.storage.device();
             let buffer = value.upload(Runtime::global()?.client(), device)?;
             store(dst, Tensor::from_buffer(buffer))
         }

@@ -67,7 +67,7 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     // Shown through Python's warnings, at the user's line.
     tpu_core::recompile::collect_warnings();
-    m.add_class::<Storage>()?;
+    m.add_class::<storage::Handle>()?;
     m.add_class::<replay::Replay>()?;
     m.add_function(wrap_pyfunction!(replay::record_start, m)?)?;
     m.add_function(wrap_pyfunction!(replay::record_stop, m)?)?;

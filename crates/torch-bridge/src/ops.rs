@@ -83,7 +83,7 @@ pub fn run_into<'py>(
 pub(crate) fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
     let view = View::of(dst)?
         .ok_or_else(|| BridgeError::internal("an out tensor is not on the tpu device"))?;
-    let storage = view.storage.get();
+    let storage = &view.storage;
     let value = broadcast(cast(value, storage.dtype())?, &view.layout.size)?;
     write(storage, &view.layout, value)
 }
@@ -94,7 +94,7 @@ pub(crate) fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
 pub fn copy_into(dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
     let view = View::of(dst)?
         .ok_or_else(|| BridgeError::internal("a copy's destination is not on the tpu device"))?;
-    let device = view.storage.get().device();
+    let device = view.storage.device();
     let source = if is_number(src) { None } else { View::of(src)? };
     let value = match source {
         Some(source) => on_device(source.read()?, device)?,

@@ -113,7 +113,7 @@ pub fn fill_random(
 ) -> PyResult<()> {
     crate::replay::note_unreplayable("random numbers are drawn");
     let view = View::of(out)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
-    let storage = view.storage.get();
+    let storage = &view.storage;
     let mut attrs = self::attrs(attrs)?;
     attrs.set("shape", view.layout.size.as_slice());
     if op != "bernoulli" && storage.dtype().is_float() {

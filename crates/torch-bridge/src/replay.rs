@@ -302,7 +302,7 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
             rec.broken = Some(format!("graph input {i} is not a tpu tensor"));
             break;
         };
-        let storage = view.storage.get();
+        let storage = &view.storage;
         if storage.padded().is_some() {
             // Its windows read the padded value, which is not traced.
             rec.broken = Some(format!("graph input {i} is held padded"));
@@ -349,7 +349,7 @@ pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Repla
         let Some(view) = View::of(&t)? else {
             return Ok(None);
         };
-        let storage = view.storage.get();
+        let storage = &view.storage;
         // Outputs that share a storage alias each other: replayed outputs
         // would not.
         if storage.padded().is_some() || storages.contains(&storage.address()) {
@@ -386,7 +386,7 @@ impl Replay {
             let Some(view) = View::of(&t)? else {
                 return Ok(None);
             };
-            let storage = view.storage.get();
+            let storage = &view.storage;
             if storage.device() != *device || view.layout != *layout {
                 return Ok(None);
             }
@@ -418,7 +418,7 @@ impl Replay {
             Out::Result(k) => results[k].clone(),
         };
         for (i, source) in &self.writes {
-            storages[*i].get().set(value(source))?;
+            storages[*i].set(value(source))?;
         }
         let mut out = Vec::with_capacity(self.outputs.len());
         for (source, layout) in &self.outputs {

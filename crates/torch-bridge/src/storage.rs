@@ -23,13 +23,11 @@ use crate::error::{BridgeError, Result};
 use crate::kernels::{call1, full};
 
 /// The tpu-rs side of a torch storage on the `tpu` device.
-#[pyclass(module = "torch_tpu_rs._C", frozen)]
 pub struct Storage {
     dtype: DType,
     device: usize,
     address: Address,
-    // Shared with the registry of live storages, which resizes it.
-    value: Arc<Mutex<Slot>>,
+    value: Mutex<Slot>,
 }
 
 /// What a storage holds: its element count, and its value in order,
@@ -42,18 +40,17 @@ struct Slot {
     padded: Option<Padded>,
 }
 
-/// A live storage, found by its address (torch's C++ core knows a storage
-/// by its data pointer only).
-struct Live {
-    dtype: DType,
-    device: usize,
-    slot: Weak<Mutex<Slot>>,
+/// Live storages by address: torch's C++ core knows a storage by its data
+/// pointer only.
+static LIVE: Mutex<Option<HashMap<u64, Weak<Storage>>>> = Mutex::new(None);
+
+fn live() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Weak<Storage>>>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-static LIVE: Mutex<Option<HashMap<u64, Live>>> = Mutex::new(None);
-
-fn live() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Live>>> {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+/// The live storage at `address`, if there is one.
+pub fn find(address: u64) -> Option<Arc<Storage>> {
+    live().as_ref()?.get(&address)?.upgrade()
 }
 
 /// A value held padded along one dim: the storage's elements are, in
@@ -156,30 +153,25 @@ fn as_box(layout: &Layout, shape: &[usize]) -> Option<Vec<(usize, usize)>> {
 
 impl Storage {
     /// A storage of `numel` elements of `dtype`, not yet written.
-    pub fn empty(dtype: DType, numel: usize, device: usize) -> Result<Storage> {
-        let storage = Storage {
+    pub fn empty(dtype: DType, numel: usize, device: usize) -> Result<Arc<Storage>> {
+        let storage = Arc::new(Storage {
             dtype,
             device,
             address: Address::allocate(bytes_of(dtype, numel), device)?,
-            value: Arc::new(Mutex::new(Slot {
+            value: Mutex::new(Slot {
                 numel,
                 compact: None,
                 padded: None,
-            })),
-        };
-        let entry = Live {
-            dtype,
-            device,
-            slot: Arc::downgrade(&storage.value),
-        };
+            }),
+        });
         live()
             .get_or_insert_with(HashMap::new)
-            .insert(storage.address(), entry);
+            .insert(storage.address(), Arc::downgrade(&storage));
         Ok(storage)
     }
 
     /// A storage holding `padded`'s elements.
-    pub fn holding_padded(padded: Padded) -> Result<Storage> {
+    pub fn holding_padded(padded: Padded) -> Result<Arc<Storage>> {
         let Device::Tpu(device) = padded.value.device() else {
             return Err(BridgeError::internal(
                 "a tpu storage cannot hold a cpu tensor",
@@ -209,7 +201,7 @@ impl Storage {
     }
 
     /// A storage holding `value`'s elements.
-    pub fn holding(value: Tensor) -> Result<Storage> {
+    pub fn holding(value: Tensor) -> Result<Arc<Storage>> {
         let Device::Tpu(device) = value.device() else {
             return Err(BridgeError::internal(
                 "a tpu storage cannot hold a cpu tensor",
@@ -285,21 +277,27 @@ impl Storage {
     }
 }
 
+/// What a torch storage object carries: its [`Storage`], shared with the
+/// views read from it.
+#[pyclass(name = "Storage", module = "torch_tpu_rs._C", frozen)]
+pub struct Handle(pub Arc<Storage>);
+
 #[pymethods]
-impl Storage {
+impl Handle {
     /// Element count (for debugging from Python).
     #[getter(numel)]
     fn py_numel(&self) -> usize {
-        self.numel()
+        self.0.numel()
     }
 
     fn __repr__(&self) -> String {
+        let s = &self.0;
         format!(
             "Storage({} x {}, tpu:{}, {})",
-            self.numel(),
-            self.dtype,
-            self.device,
-            if self.is_written() {
+            s.numel(),
+            s.dtype,
+            s.device,
+            if s.is_written() {
                 "written"
             } else {
                 "unwritten"
@@ -322,15 +320,9 @@ impl Drop for Storage {
 /// read as zeros. The address stays: each storage owns a range as large as
 /// a storage may grow.
 pub fn resize(address: u64, nbytes: usize) -> Result<()> {
-    let (dtype, device, slot) = {
-        let map = live();
-        let entry = map
-            .as_ref()
-            .and_then(|m| m.get(&address))
-            .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {address:#x}")))?;
-        (entry.dtype, entry.device, entry.slot.upgrade())
-    };
-    let slot = slot.ok_or_else(|| BridgeError::internal("a tpu storage freed while resized"))?;
+    let storage = find(address)
+        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {address:#x}")))?;
+    let (dtype, device) = (storage.dtype, storage.device);
     let size = dtype.size_in_bytes();
     if nbytes % size != 0 {
         return Err(BridgeError::Unsupported(format!(
@@ -339,7 +331,7 @@ pub fn resize(address: u64, nbytes: usize) -> Result<()> {
     }
     crate::address::check_size(nbytes, device)?;
     let numel = nbytes / size;
-    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slot = storage.lock();
     if numel == slot.numel {
         return Ok(());
     }

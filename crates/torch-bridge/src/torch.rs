@@ -2,6 +2,8 @@
 //! and its strided layout, read from the Python object; and new torch
 //! tensors made around tpu-rs values.
 
+use std::sync::Arc;
+
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -9,7 +11,7 @@ use pyo3::types::{IntoPyDict, PyBytes, PyList};
 use tpu_core::{DType, HostBuffer, Runtime, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::storage::{Layout, Padded, Storage, read};
+use crate::storage::{Handle, Layout, Padded, Storage, read};
 
 /// Attribute of a torch storage that holds its [`Storage`].
 const HANDLE: &str = "_tpu";
@@ -110,7 +112,7 @@ pub fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Bound<'_, PyAny>> {
 /// A torch tensor on the `tpu` device, as the bridge sees it.
 pub struct View {
     /// Its storage.
-    pub storage: Py<Storage>,
+    pub storage: Arc<Storage>,
     /// Where it sits in the storage.
     pub layout: Layout,
 }
@@ -125,14 +127,14 @@ impl View {
             return Ok(None);
         }
         let storage = t.call_method0(intern!(py, "untyped_storage"))?;
-        let storage: Py<Storage> = match storage.getattr(intern!(py, HANDLE)) {
-            Ok(handle) => handle.extract().map_err(PyErr::from)?,
+        let storage: Arc<Storage> = match storage.getattr(intern!(py, HANDLE)) {
+            Ok(handle) => handle.cast::<Handle>().map_err(PyErr::from)?.get().0.clone(),
             // A storage torch's C++ core allocated (or none of ours).
             Err(_) => {
                 let address = storage
                     .call_method0(intern!(py, "data_ptr"))
                     .and_then(|a| a.extract::<u64>());
-                match address.ok().and_then(|a| crate::allocator::owned(py, a)) {
+                match address.ok().and_then(crate::storage::find) {
                     Some(storage) => storage,
                     None => return Ok(None),
                 }
@@ -142,7 +144,7 @@ impl View {
         let stride: Vec<usize> = t.call_method0(intern!(py, "stride"))?.extract()?;
         let offset: usize = t.call_method0(intern!(py, "storage_offset"))?.extract()?;
         let dtype = dtype_of(&t.getattr(intern!(py, "dtype"))?)?;
-        let held = storage.get().dtype();
+        let held = storage.dtype();
         if dtype != held {
             return Err(BridgeError::Unsupported(format!(
                 "a {dtype} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
@@ -160,7 +162,7 @@ impl View {
 
     /// Its value, shaped as the view.
     pub fn read(&self) -> Result<Tensor> {
-        read(self.storage.get(), &self.layout)
+        read(&self.storage, &self.layout)
     }
 }
 
@@ -212,7 +214,7 @@ pub fn empty<'py>(
 fn tensor_over<'py>(
     py: Python<'py>,
     layout: &Layout,
-    storage: Storage,
+    storage: Arc<Storage>,
 ) -> Result<Bound<'py, PyAny>> {
     let api = api(py)?;
     let device = api.devices.get(storage.device()).ok_or_else(|| {
@@ -229,7 +231,7 @@ fn tensor_over<'py>(
     if let Some(capsule) = described {
         let t = api.from_dlpack.bind(py).call1((capsule,))?;
         t.call_method0(intern!(py, "untyped_storage"))?
-            .setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
+            .setattr(intern!(py, HANDLE), Bound::new(py, Handle(storage))?)?;
         return Ok(t);
     }
     let raw = api.construct_storage.bind(py).call1((
@@ -250,7 +252,7 @@ fn tensor_over<'py>(
         PyList::new(py, &layout.size)?,
         PyList::new(py, &layout.stride)?,
     ))?;
-    raw.setattr(intern!(py, HANDLE), Bound::new(py, storage)?)?;
+    raw.setattr(intern!(py, HANDLE), Bound::new(py, Handle(storage))?)?;
     Ok(t)
 }
 
