@@ -47,6 +47,7 @@ fn main() {
     build
         .file("native/device.cc")
         .file("native/allocator.cc")
+        .file("native/views.cc")
         .std("c++20")
         .define(
             "_GLIBCXX_USE_CXX11_ABI",
@@ -87,8 +88,11 @@ fn python() -> PathBuf {
 }
 
 fn probe(python: &Path) -> Result<Torch, String> {
+    // Without autoloading: an installed torch_tpu_rs (perhaps a broken one)
+    // must not stand in the way of building its replacement.
     let out = Command::new(python)
         .args(["-c", PROBE])
+        .env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
         .output()
         .map_err(|e| format!("running {}: {e}", python.display()))?;
     if !out.status.success() {

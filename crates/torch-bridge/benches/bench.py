@@ -63,11 +63,14 @@ def per_op(repeats):
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     cases = {
         "add [64,64]": lambda a, b: a + b,
+        "add_ [64,64]": lambda a, b: a.add_(b),
         "mul scalar [64,64]": lambda a, b: a * 2.0,
         "relu [64,64]": lambda a, b: a.relu(),
         "sum [64,64]": lambda a, b: a.sum(),
         "matmul [64,64]^2": lambda a, b: a @ b,
         "softmax [64,64]": lambda a, b: a.softmax(-1),
+        "view(-1)": lambda a, b: a.view(-1),
+        "x[0]": lambda a, b: a[0],
         "view+transpose": lambda a, b: a.view(16, 256).t(),
     }
     tx, ty = x.to("tpu"), y.to("tpu")

@@ -1,6 +1,7 @@
 #include "torch-bridge/native/device.h"
 
 #include "torch-bridge/native/allocator.h"
+#include "torch-bridge/native/views.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
@@ -191,6 +192,7 @@ void install() {
   c10::impl::registerDeviceGuard(kTpu, &guard());
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   install_allocator();
+  install_views();
 }
 
 int8_t current_device() { return current; }

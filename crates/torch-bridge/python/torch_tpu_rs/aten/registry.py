@@ -26,10 +26,10 @@ _lib = torch.library.Library("aten", "IMPL")
 _fallback_lib = torch.library.Library("_", "IMPL")
 
 #: overload name ("add.Tensor") -> how it is implemented: "kernel",
-#: "inplace", "out" or "view".
+#: "inplace", "out", "rebind" (PyTorch's CPU kernel binds a storage), or
+#: "native" (a C++ kernel).
 REGISTERED: dict[str, str] = {}
 
-_META = DispatchKeySet(DispatchKey.Meta)
 _CPU = DispatchKeySet(DispatchKey.CPU)
 
 
@@ -42,6 +42,10 @@ def _register(name, fn, how):
     if name.endswith(".default"):
         name = name[: -len(".default")]
     if name in REGISTERED:
+        return
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, KEY):
+        # The C++ layer (crates/torch-bridge/native/) implements it.
+        REGISTERED[name] = "native"
         return
     if torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "CompositeImplicitAutograd"):
         # PyTorch decomposes it (and differentiates the parts) before a
@@ -172,13 +176,7 @@ def _redispatching(names, keys):
         def kernel(*args, _op=op, **kwargs):
             return _op.redispatch(keys, *args, **kwargs)
 
-        _register(name, kernel, "view")
-
-
-def view(*names):
-    """Registers view ops: their Meta kernels compute the new sizes, strides
-    and offset and alias the same storage, which is all a view is."""
-    _redispatching(names, _META)
+        _register(name, kernel, "rebind")
 
 
 def rebind(*names):

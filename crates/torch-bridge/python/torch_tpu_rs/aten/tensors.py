@@ -7,15 +7,9 @@ import torch
 
 from .. import _C, tpu
 from .elementwise import run
-from .registry import above_autograd, aten, raw, rebind, view
+from .registry import above_autograd, aten, raw, rebind
 
-view(
-    "view",
-    "_unsafe_view",
-    "as_strided",
-    "_reshape_alias",
-    "unfold",
-)
+# Views (view, as_strided, ...) are C++ kernels: native/views.cc.
 
 # Binding a storage: the CPU kernel does it without resizing, and tpu
 # storages keep the byte size they were made with.
