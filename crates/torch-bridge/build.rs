@@ -48,6 +48,7 @@ fn main() {
         .file("native/device.cc")
         .file("native/allocator.cc")
         .file("native/views.cc")
+        .file("native/kernels.cc")
         .std("c++20")
         .define(
             "_GLIBCXX_USE_CXX11_ABI",

@@ -100,11 +100,20 @@ class Allocator final : public c10::DeviceAllocator {
   }
 };
 
+Allocator* instance() {
+  static Allocator* allocator = new Allocator();
+  return allocator;
+}
+
 }  // namespace
 
-void install_allocator() {
-  static Allocator* instance = new Allocator();
-  c10::SetAllocator(kTpu, instance);
+void install_allocator() { c10::SetAllocator(kTpu, instance()); }
+
+c10::Allocator* tpu_allocator() { return instance(); }
+
+c10::DataPtr adopted_data(std::uintptr_t address, c10::DeviceIndex device) {
+  void* data = reinterpret_cast<void*>(address);
+  return {data, data, instance()->raw_deleter(), c10::Device(kTpu, device)};
 }
 
 }  // namespace tpu_bridge

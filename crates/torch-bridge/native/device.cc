@@ -1,6 +1,7 @@
 #include "torch-bridge/native/device.h"
 
 #include "torch-bridge/native/allocator.h"
+#include "torch-bridge/native/kernels.h"
 #include "torch-bridge/native/views.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -193,6 +194,7 @@ void install() {
   at::RegisterPrivateUse1HooksInterface(new Hooks());
   install_allocator();
   install_views();
+  install_kernels();
 }
 
 int8_t current_device() { return current; }

@@ -1,8 +1,9 @@
-//! Storages PyTorch's C++ core allocates itself through the tpu allocator
-//! (`native/allocator.cc`), as `torch.UntypedStorage(n, device="tpu")`
-//! does: untyped bytes, kept here until the allocator's deleter releases
-//! them. Storages the bridge makes for tensors carry their [`Storage`] on
-//! the torch storage object instead.
+//! Storages whose torch storage was made in C++: by PyTorch's core through
+//! the tpu allocator (`native/allocator.cc`), as
+//! `torch.UntypedStorage(n, device="tpu")` does (untyped bytes), or by a
+//! native kernel for its result. Each is kept here until the allocator's
+//! deleter releases its address. Storages the Python side makes carry
+//! their [`Storage`] on the torch storage object instead.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,9 +30,7 @@ pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
     }
     let storage = Storage::empty(DType::U8, nbytes, device)?;
     let address = storage.address();
-    owned_map()
-        .get_or_insert_with(HashMap::new)
-        .insert(address, storage);
+    adopt(storage);
     Ok(address)
 }
 
@@ -39,4 +38,12 @@ pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
 pub fn release(address: u64) {
     let storage = owned_map().as_mut().and_then(|m| m.remove(&address));
     drop(storage);
+}
+
+/// Keeps `storage` alive until the allocator's deleter releases its
+/// address: a storage made for a tensor the C++ layer creates.
+pub fn adopt(storage: Arc<Storage>) {
+    owned_map()
+        .get_or_insert_with(HashMap::new)
+        .insert(storage.address(), storage);
 }

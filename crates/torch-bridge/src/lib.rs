@@ -17,6 +17,7 @@ mod dlpack;
 mod error;
 mod kernels;
 mod native;
+mod native_kernels;
 mod ops;
 mod profile;
 mod random;

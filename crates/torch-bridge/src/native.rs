@@ -10,7 +10,58 @@ use pyo3::prelude::*;
 use crate::error::{BridgeError, Result};
 
 #[cxx::bridge(namespace = "tpu_bridge")]
-mod ffi {
+pub(crate) mod ffi {
+    /// The torch dtypes tpu tensors hold.
+    enum Dtype {
+        Bool,
+        I8,
+        I16,
+        I32,
+        I64,
+        U8,
+        U32,
+        F16,
+        Bf16,
+        F32,
+        F64,
+    }
+
+    /// A tpu tensor a C++ kernel passes: its storage's address, its dtype
+    /// and its view of the storage (in elements).
+    struct TensorRef<'a> {
+        address: usize,
+        dtype: Dtype,
+        sizes: &'a [i64],
+        strides: &'a [i64],
+        offset: i64,
+    }
+
+    /// An operand: a tpu tensor, or a number (a `Scalar`, or the value of a
+    /// 0-dim CPU tensor).
+    struct Operand<'a> {
+        is_number: bool,
+        number: f64,
+        tensor: TensorRef<'a>,
+    }
+
+    /// What kind of error a native kernel raises: PyTorch's class for it.
+    enum Failure {
+        None,
+        Runtime,
+        NotImplemented,
+        Index,
+        OutOfMemory,
+    }
+
+    /// A native kernel's result: the storage a new tensor owns, or the
+    /// error to raise.
+    struct Output {
+        address: usize,
+        nbytes: usize,
+        failure: Failure,
+        error: String,
+    }
+
     /// A storage the allocator made: its address, or why not.
     struct Allocation {
         address: usize,
@@ -47,6 +98,9 @@ mod ffi {
         fn reset_memory_peaks(device: i8);
         fn reset_memory_totals(device: i8);
         fn memory_info(device: i8) -> MemoryInfo;
+
+        #[cxx_name = "binary"]
+        fn native_binary(op: &str, a: &Operand, b: &Operand, alpha: f64, dtype: Dtype) -> Output;
     }
 
     unsafe extern "C++" {
@@ -125,6 +179,16 @@ fn memory_info(device: i8) -> ffi::MemoryInfo {
             total_bytes: 0,
         },
     }
+}
+
+fn native_binary(
+    op: &str,
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    alpha: f64,
+    dtype: ffi::Dtype,
+) -> ffi::Output {
+    crate::native_kernels::output(crate::native_kernels::binary(op, a, b, alpha, dtype))
 }
 
 /// Registers the `tpu` device with PyTorch's C++ core.

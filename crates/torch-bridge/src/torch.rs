@@ -128,7 +128,12 @@ impl View {
         }
         let storage = t.call_method0(intern!(py, "untyped_storage"))?;
         let storage: Arc<Storage> = match storage.getattr(intern!(py, HANDLE)) {
-            Ok(handle) => handle.cast::<Handle>().map_err(PyErr::from)?.get().0.clone(),
+            Ok(handle) => handle
+                .cast::<Handle>()
+                .map_err(PyErr::from)?
+                .get()
+                .0
+                .clone(),
             // A storage torch's C++ core allocated (or none of ours).
             Err(_) => {
                 let address = storage

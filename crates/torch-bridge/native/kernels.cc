@@ -1,0 +1,253 @@
+// Native aten kernels: the ops models dispatch most, run without Python.
+// Each checks its arguments as PyTorch does (type promotion, broadcasting,
+// devices), hands the operands to the Rust core (src/native_kernels.rs),
+// which runs the op under the bridge's eager mode, and wraps the storage
+// it returns in a new tensor.
+
+#include "torch-bridge/native/kernels.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/TypeProperties.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+
+#include "torch-bridge/native/allocator.h"
+#include "torch-bridge/src/native.rs.h"
+
+namespace tpu_bridge {
+namespace {
+
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+
+std::optional<Dtype> dtype_code(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Bool: return Dtype::Bool;
+    case c10::ScalarType::Char: return Dtype::I8;
+    case c10::ScalarType::Short: return Dtype::I16;
+    case c10::ScalarType::Int: return Dtype::I32;
+    case c10::ScalarType::Long: return Dtype::I64;
+    case c10::ScalarType::Byte: return Dtype::U8;
+    case c10::ScalarType::UInt32: return Dtype::U32;
+    case c10::ScalarType::Half: return Dtype::F16;
+    case c10::ScalarType::BFloat16: return Dtype::Bf16;
+    case c10::ScalarType::Float: return Dtype::F32;
+    case c10::ScalarType::Double: return Dtype::F64;
+    default: return std::nullopt;
+  }
+}
+
+Dtype code(c10::ScalarType t, const char* op) {
+  const std::optional<Dtype> c = dtype_code(t);
+  TORCH_CHECK_NOT_IMPLEMENTED(c.has_value(), "op `", op, "` on tpu: ", t,
+                              " tensors are not supported");
+  return *c;
+}
+
+// A kernel's operands, checked: tpu tensors of one device, and numbers
+// (Scalars and 0-dim CPU tensors, which PyTorch lets mix with any device).
+class Operands {
+ public:
+  explicit Operands(const char* op) : op_(op) {}
+
+  void tensor(const at::Tensor& t) {
+    if (t.device().type() == kTpu) {
+      const c10::DeviceIndex index = t.device().index();
+      TORCH_CHECK(!device_ || *device_ == index,
+                  "Expected all tensors to be on the same device, but found "
+                  "at least two devices, tpu:", static_cast<int>(*device_),
+                  " and tpu:", static_cast<int>(index), "!");
+      device_ = index;
+      Operand o{};
+      o.is_number = false;
+      o.tensor.address =
+          reinterpret_cast<std::uintptr_t>(t.storage().data());
+      o.tensor.dtype = code(t.scalar_type(), op_);
+      o.tensor.sizes = {t.sizes().data(), t.sizes().size()};
+      o.tensor.strides = {t.strides().data(), t.strides().size()};
+      o.tensor.offset = t.storage_offset();
+      items_.push_back(o);
+      return;
+    }
+    TORCH_CHECK(t.device().is_cpu() && t.dim() == 0,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, tpu:",
+                static_cast<int>(device_.value_or(0)), " and ", t.device(),
+                "!");
+    number(t.item());
+  }
+
+  void number(const c10::Scalar& s) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!s.isComplex(), "op `", op_,
+                                "` on tpu: complex numbers are not supported");
+    Operand o{};
+    o.is_number = true;
+    o.number = s.toDouble();
+    items_.push_back(o);
+  }
+
+  const Operand& operator[](std::size_t i) const { return items_[i]; }
+  c10::DeviceIndex device() const { return device_.value_or(0); }
+
+ private:
+  const char* op_;
+  std::optional<c10::DeviceIndex> device_;
+  std::vector<Operand> items_;
+};
+
+// Raises what the Rust side reports, with the class PyTorch uses for it.
+void check(const Output& out) {
+  if (out.failure == Failure::None) return;
+  const std::string message(out.error);
+  switch (out.failure) {
+    case Failure::NotImplemented: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+    case Failure::Index: TORCH_CHECK_INDEX(false, message);
+    case Failure::OutOfMemory:
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    default: TORCH_CHECK(false, message);
+  }
+}
+
+at::Tensor wrap(const Output& out, c10::ScalarType dtype, c10::IntArrayRef sizes,
+                c10::DeviceIndex device) {
+  check(out);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), out.nbytes,
+                       adopted_data(out.address, device), tpu_allocator(),
+                       /*resizable=*/true);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
+// Elementwise `a <op> alpha * b` in `dtype`, broadcasting.
+at::Tensor elementwise(const char* op, const Operands& x,
+                       c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       double alpha = 1.0) {
+  const Output out = binary(op, x[0], x[1], alpha, code(dtype, op));
+  return wrap(out, dtype, sizes, x.device());
+}
+
+c10::ScalarType promoted(const at::Tensor& a, const at::Tensor& b) {
+  at::native::ResultTypeState state;
+  state = at::native::update_result_type_state(a, state);
+  state = at::native::update_result_type_state(b, state);
+  return at::native::result_type(state);
+}
+
+c10::ScalarType promoted(const at::Tensor& a, const c10::Scalar& b) {
+  at::native::ResultTypeState state;
+  state = at::native::update_result_type_state(a, state);
+  state = at::native::update_result_type_state(b, state);
+  return at::native::result_type(state);
+}
+
+// True division gives a float for integer operands.
+c10::ScalarType floating(c10::ScalarType t) {
+  return c10::isIntegralType(t, /*includeBool=*/true)
+             ? c10::typeMetaToScalarType(c10::get_default_dtype())
+             : t;
+}
+
+template <typename Other>
+Operands operands(const char* op, const at::Tensor& self, const Other& other) {
+  Operands x(op);
+  x.tensor(self);
+  if constexpr (std::is_same_v<Other, at::Tensor>) {
+    x.tensor(other);
+  } else {
+    x.number(other);
+  }
+  return x;
+}
+
+c10::DimVector broadcast(const at::Tensor& a, const at::Tensor& b) {
+  return at::infer_size_dimvector(a.sizes(), b.sizes());
+}
+
+at::Tensor add(const at::Tensor& self, const at::Tensor& other,
+               const c10::Scalar& alpha) {
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  const auto sizes = broadcast(self, other);
+  return elementwise("add", operands("add", self, other), sizes, dtype,
+                alpha.toDouble());
+}
+
+at::Tensor add_scalar(const at::Tensor& self, const c10::Scalar& other,
+                      const c10::Scalar& alpha) {
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise("add", operands("add", self, other), self.sizes(), dtype,
+                alpha.toDouble());
+}
+
+at::Tensor sub(const at::Tensor& self, const at::Tensor& other,
+               const c10::Scalar& alpha) {
+  at::native::sub_check(self, other);
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  const auto sizes = broadcast(self, other);
+  return elementwise("sub", operands("sub", self, other), sizes, dtype,
+                alpha.toDouble());
+}
+
+at::Tensor sub_scalar(const at::Tensor& self, const c10::Scalar& other,
+                      const c10::Scalar& alpha) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      self.scalar_type() != at::kBool || !other.isBoolean(),
+      "Subtraction, the `-` operator, with two bool tensors is not supported. "
+      "Use the `^` or `logical_xor()` operator instead.");
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise("sub", operands("sub", self, other), self.sizes(), dtype,
+                alpha.toDouble());
+}
+
+at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
+  const auto sizes = broadcast(self, other);
+  return elementwise("mul", operands("mul", self, other), sizes,
+                promoted(self, other));
+}
+
+at::Tensor mul_scalar(const at::Tensor& self, const c10::Scalar& other) {
+  return elementwise("mul", operands("mul", self, other), self.sizes(),
+                promoted(self, other));
+}
+
+at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
+  const auto sizes = broadcast(self, other);
+  return elementwise("div", operands("div", self, other), sizes,
+                floating(promoted(self, other)));
+}
+
+at::Tensor div_scalar(const at::Tensor& self, const c10::Scalar& other) {
+  return elementwise("div", operands("div", self, other), self.sizes(),
+                floating(promoted(self, other)));
+}
+
+}  // namespace
+
+void install_kernels() {
+  // Registered when the module loads, not by a static registrar (which the
+  // linker drops from a static library).
+  static auto* m = new torch::Library(torch::Library::IMPL, "aten",
+                                      c10::DispatchKey::PrivateUse1, __FILE__,
+                                      __LINE__);
+  m->impl("add.Tensor", TORCH_FN(add));
+  m->impl("add.Scalar", TORCH_FN(add_scalar));
+  m->impl("sub.Tensor", TORCH_FN(sub));
+  m->impl("sub.Scalar", TORCH_FN(sub_scalar));
+  m->impl("mul.Tensor", TORCH_FN(mul));
+  m->impl("mul.Scalar", TORCH_FN(mul_scalar));
+  m->impl("div.Tensor", TORCH_FN(div));
+  m->impl("div.Scalar", TORCH_FN(div_scalar));
+}
+
+}  // namespace tpu_bridge

@@ -1,0 +1,126 @@
+//! The Rust half of the C++ aten kernels (`native/kernels.cc`): tpu
+//! tensors arrive as their storage's address and view, numbers as values;
+//! the op runs under the bridge's policy, exactly as a Python kernel's
+//! would; the result comes back as a new storage the C++ tensor owns.
+
+use std::sync::Arc;
+
+use tpu_core::op::{Attrs, OpErrorKind};
+use tpu_core::{DType, Tensor};
+
+use crate::args::scalar;
+use crate::error::{BridgeError, Result};
+use crate::kernels::{call1, cast};
+use crate::native::ffi;
+use crate::storage::{self, Layout, Storage};
+
+/// tpu-rs's dtype for one of torch's.
+pub fn dtype(d: ffi::Dtype) -> Result<DType> {
+    Ok(match d {
+        ffi::Dtype::Bool => DType::Bool,
+        ffi::Dtype::I8 => DType::I8,
+        ffi::Dtype::I16 => DType::I16,
+        ffi::Dtype::I32 => DType::I32,
+        ffi::Dtype::I64 => DType::I64,
+        ffi::Dtype::U8 => DType::U8,
+        ffi::Dtype::U32 => DType::U32,
+        ffi::Dtype::F16 => DType::F16,
+        ffi::Dtype::Bf16 => DType::BF16,
+        ffi::Dtype::F32 => DType::F32,
+        ffi::Dtype::F64 => DType::F64,
+        _ => return Err(BridgeError::internal("an unknown dtype code")),
+    })
+}
+
+/// The value a tpu tensor operand holds, and its device.
+fn read(t: &ffi::TensorRef<'_>) -> Result<(Tensor, usize)> {
+    let storage = storage::find(t.address as u64)
+        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))?;
+    let layout = Layout {
+        size: t.sizes.iter().map(|&n| n as usize).collect(),
+        stride: t.strides.iter().map(|&n| n as usize).collect(),
+        offset: t.offset as usize,
+    };
+    let held = storage.dtype();
+    let want = dtype(t.dtype)?;
+    if want != held {
+        return Err(BridgeError::Unsupported(format!(
+            "a {want} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
+        )));
+    }
+    Ok((storage::read(&storage, &layout)?, storage.device()))
+}
+
+/// An operand in `dtype` on `device`: a tensor cast to it, or a number made
+/// in it.
+fn operand(x: &ffi::Operand<'_>, dtype: DType, device: usize) -> Result<Tensor> {
+    if x.is_number {
+        return scalar(dtype, x.number, device);
+    }
+    cast(read(&x.tensor)?.0, dtype)
+}
+
+fn device_of(operands: &[&ffi::Operand<'_>]) -> Result<usize> {
+    match operands.iter().find(|x| !x.is_number) {
+        Some(x) => Ok(read(&x.tensor)?.1),
+        None => Err(BridgeError::internal("an op without tensor operands")),
+    }
+}
+
+/// A result as the storage a new C++ tensor owns.
+fn hand_over(value: Tensor) -> Result<Arc<Storage>> {
+    let storage = Storage::holding(value)?;
+    crate::allocator::adopt(storage.clone());
+    Ok(storage)
+}
+
+/// A kernel's result for C++: the storage, or the error with the class
+/// PyTorch raises for its kind.
+pub fn output(result: Result<Arc<Storage>>) -> ffi::Output {
+    match result {
+        Ok(storage) => ffi::Output {
+            address: storage.address() as usize,
+            nbytes: storage.nbytes(),
+            failure: ffi::Failure::None,
+            error: String::new(),
+        },
+        Err(e) => {
+            let failure = match &e {
+                _ if e.is_out_of_memory() => ffi::Failure::OutOfMemory,
+                BridgeError::Unsupported(_) => ffi::Failure::NotImplemented,
+                BridgeError::Core(core) => match core.op_error_kind() {
+                    Some(OpErrorKind::OutOfRange) => ffi::Failure::Index,
+                    Some(OpErrorKind::Unsupported) => ffi::Failure::NotImplemented,
+                    _ => ffi::Failure::Runtime,
+                },
+                _ => ffi::Failure::Runtime,
+            };
+            ffi::Output {
+                address: 0,
+                nbytes: 0,
+                failure,
+                error: e.to_string(),
+            }
+        }
+    }
+}
+
+/// `a <op> (alpha * b)` in `dtype` (elementwise, broadcasting); `alpha` is
+/// applied when it is not 1 (add and sub).
+pub fn binary(
+    op: &str,
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    alpha: f64,
+    out_dtype: ffi::Dtype,
+) -> Result<Arc<Storage>> {
+    let dtype = dtype(out_dtype)?;
+    let device = device_of(&[a, b])?;
+    let x = operand(a, dtype, device)?;
+    let mut y = operand(b, dtype, device)?;
+    if alpha != 1.0 {
+        let alpha = scalar(dtype, alpha, device)?;
+        y = call1("mul", &[y, alpha], &Attrs::new())?;
+    }
+    hand_over(call1(op, &[x, y], &Attrs::new())?)
+}
