@@ -7,6 +7,7 @@
 #include "torch-bridge/native/kernels.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/TypeProperties.h>
@@ -49,6 +50,16 @@ Dtype code(c10::ScalarType t, const char* op) {
   return *c;
 }
 
+TensorRef tensor_ref(const at::Tensor& t, const char* op) {
+  TensorRef r{};
+  r.address = reinterpret_cast<std::uintptr_t>(t.storage().data());
+  r.dtype = code(t.scalar_type(), op);
+  r.sizes = {t.sizes().data(), t.sizes().size()};
+  r.strides = {t.strides().data(), t.strides().size()};
+  r.offset = t.storage_offset();
+  return r;
+}
+
 // A kernel's operands, checked: tpu tensors of one device, and numbers
 // (Scalars and 0-dim CPU tensors, which PyTorch lets mix with any device).
 class Operands {
@@ -65,12 +76,7 @@ class Operands {
       device_ = index;
       Operand o{};
       o.is_number = false;
-      o.tensor.address =
-          reinterpret_cast<std::uintptr_t>(t.storage().data());
-      o.tensor.dtype = code(t.scalar_type(), op_);
-      o.tensor.sizes = {t.sizes().data(), t.sizes().size()};
-      o.tensor.strides = {t.strides().data(), t.strides().size()};
-      o.tensor.offset = t.storage_offset();
+      o.tensor = tensor_ref(t, op_);
       items_.push_back(o);
       return;
     }
@@ -171,6 +177,31 @@ c10::DimVector broadcast(const at::Tensor& a, const at::Tensor& b) {
   return at::infer_size_dimvector(a.sizes(), b.sizes());
 }
 
+// `self <op>= alpha * other`: computed in the promoted dtype, written into
+// self, which must hold the broadcast shape and a dtype the result casts
+// to, as PyTorch requires of an in-place op.
+template <typename Other>
+at::Tensor& elementwise_(const char* op, at::Tensor& self, const Other& other,
+                         c10::ScalarType dtype, double alpha = 1.0) {
+  TORCH_CHECK(self.device().type() == kTpu,
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ", self.device(), " and tpu!");
+  TORCH_CHECK(c10::canCast(dtype, self.scalar_type()), "result type ", dtype,
+              " can't be cast to the desired output type ",
+              self.scalar_type());
+  if constexpr (std::is_same_v<Other, at::Tensor>) {
+    const auto shape = at::infer_size_dimvector(self.sizes(), other.sizes());
+    TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "output with shape ",
+                self.sizes(), " doesn't match the broadcast shape ",
+                c10::IntArrayRef(shape));
+  }
+  at::assert_no_internal_overlap(self);
+  const Operands x = operands(op, self, other);
+  const TensorRef out = tensor_ref(self, op);
+  check(binary_into(op, x[0], x[1], alpha, code(dtype, op), out));
+  return self;
+}
+
 at::Tensor add(const at::Tensor& self, const at::Tensor& other,
                const c10::Scalar& alpha) {
   const c10::ScalarType dtype = promoted(self, other);
@@ -232,6 +263,55 @@ at::Tensor div_scalar(const at::Tensor& self, const c10::Scalar& other) {
                 floating(promoted(self, other)));
 }
 
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other,
+                 const c10::Scalar& alpha) {
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise_("add", self, other, dtype, alpha.toDouble());
+}
+
+at::Tensor& add_scalar_(at::Tensor& self, const c10::Scalar& other,
+                        const c10::Scalar& alpha) {
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise_("add", self, other, dtype, alpha.toDouble());
+}
+
+at::Tensor& sub_(at::Tensor& self, const at::Tensor& other,
+                 const c10::Scalar& alpha) {
+  at::native::sub_check(self, other);
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise_("sub", self, other, dtype, alpha.toDouble());
+}
+
+at::Tensor& sub_scalar_(at::Tensor& self, const c10::Scalar& other,
+                        const c10::Scalar& alpha) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      self.scalar_type() != at::kBool || !other.isBoolean(),
+      "Subtraction, the `-` operator, with two bool tensors is not supported. "
+      "Use the `^` or `logical_xor()` operator instead.");
+  const c10::ScalarType dtype = promoted(self, other);
+  at::native::alpha_check(dtype, alpha);
+  return elementwise_("sub", self, other, dtype, alpha.toDouble());
+}
+
+at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) {
+  return elementwise_("mul", self, other, promoted(self, other));
+}
+
+at::Tensor& mul_scalar_(at::Tensor& self, const c10::Scalar& other) {
+  return elementwise_("mul", self, other, promoted(self, other));
+}
+
+at::Tensor& div_(at::Tensor& self, const at::Tensor& other) {
+  return elementwise_("div", self, other, floating(promoted(self, other)));
+}
+
+at::Tensor& div_scalar_(at::Tensor& self, const c10::Scalar& other) {
+  return elementwise_("div", self, other, floating(promoted(self, other)));
+}
+
 }  // namespace
 
 void install_kernels() {
@@ -248,6 +328,14 @@ void install_kernels() {
   m->impl("mul.Scalar", TORCH_FN(mul_scalar));
   m->impl("div.Tensor", TORCH_FN(div));
   m->impl("div.Scalar", TORCH_FN(div_scalar));
+  m->impl("add_.Tensor", TORCH_FN(add_));
+  m->impl("add_.Scalar", TORCH_FN(add_scalar_));
+  m->impl("sub_.Tensor", TORCH_FN(sub_));
+  m->impl("sub_.Scalar", TORCH_FN(sub_scalar_));
+  m->impl("mul_.Tensor", TORCH_FN(mul_));
+  m->impl("mul_.Scalar", TORCH_FN(mul_scalar_));
+  m->impl("div_.Tensor", TORCH_FN(div_));
+  m->impl("div_.Scalar", TORCH_FN(div_scalar_));
 }
 
 }  // namespace tpu_bridge

@@ -101,6 +101,16 @@ pub(crate) mod ffi {
 
         #[cxx_name = "binary"]
         fn native_binary(op: &str, a: &Operand, b: &Operand, alpha: f64, dtype: Dtype) -> Output;
+
+        #[cxx_name = "binary_into"]
+        fn native_binary_into(
+            op: &str,
+            a: &Operand,
+            b: &Operand,
+            alpha: f64,
+            dtype: Dtype,
+            out: &TensorRef,
+        ) -> Output;
     }
 
     unsafe extern "C++" {
@@ -188,7 +198,19 @@ fn native_binary(
     alpha: f64,
     dtype: ffi::Dtype,
 ) -> ffi::Output {
-    crate::native_kernels::output(crate::native_kernels::binary(op, a, b, alpha, dtype))
+    crate::native_kernels::output(crate::native_kernels::binary(op, a, b, alpha, dtype).map(Some))
+}
+
+fn native_binary_into(
+    op: &str,
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    alpha: f64,
+    dtype: ffi::Dtype,
+    out: &ffi::TensorRef<'_>,
+) -> ffi::Output {
+    let written = crate::native_kernels::binary_into(op, a, b, alpha, dtype, out);
+    crate::native_kernels::output(written.map(|()| None))
 }
 
 /// Registers the `tpu` device with PyTorch's C++ core.

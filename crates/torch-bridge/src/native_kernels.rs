@@ -10,7 +10,7 @@ use tpu_core::{DType, Tensor};
 
 use crate::args::scalar;
 use crate::error::{BridgeError, Result};
-use crate::kernels::{call1, cast};
+use crate::kernels::{broadcast, call1, cast};
 use crate::native::ffi;
 use crate::storage::{self, Layout, Storage};
 
@@ -32,15 +32,19 @@ pub fn dtype(d: ffi::Dtype) -> Result<DType> {
     })
 }
 
+fn layout(t: &ffi::TensorRef<'_>) -> Layout {
+    Layout {
+        size: t.sizes.iter().map(|&n| n as usize).collect(),
+        stride: t.strides.iter().map(|&n| n as usize).collect(),
+        offset: t.offset as usize,
+    }
+}
+
 /// The value a tpu tensor operand holds, and its device.
 fn read(t: &ffi::TensorRef<'_>) -> Result<(Tensor, usize)> {
     let storage = storage::find(t.address as u64)
         .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))?;
-    let layout = Layout {
-        size: t.sizes.iter().map(|&n| n as usize).collect(),
-        stride: t.strides.iter().map(|&n| n as usize).collect(),
-        offset: t.offset as usize,
-    };
+    let layout = layout(t);
     let held = storage.dtype();
     let want = dtype(t.dtype)?;
     if want != held {
@@ -74,13 +78,13 @@ fn hand_over(value: Tensor) -> Result<Arc<Storage>> {
     Ok(storage)
 }
 
-/// A kernel's result for C++: the storage, or the error with the class
-/// PyTorch raises for its kind.
-pub fn output(result: Result<Arc<Storage>>) -> ffi::Output {
+/// A kernel's result for C++: the storage (none for an in-place kernel),
+/// or the error with the class PyTorch raises for its kind.
+pub fn output(result: Result<Option<Arc<Storage>>>) -> ffi::Output {
     match result {
         Ok(storage) => ffi::Output {
-            address: storage.address() as usize,
-            nbytes: storage.nbytes(),
+            address: storage.as_ref().map_or(0, |s| s.address() as usize),
+            nbytes: storage.as_ref().map_or(0, |s| s.nbytes()),
             failure: ffi::Failure::None,
             error: String::new(),
         },
@@ -105,16 +109,15 @@ pub fn output(result: Result<Arc<Storage>>) -> ffi::Output {
     }
 }
 
-/// `a <op> (alpha * b)` in `dtype` (elementwise, broadcasting); `alpha` is
-/// applied when it is not 1 (add and sub).
-pub fn binary(
+/// `a <op> (alpha * b)` computed in `dtype` (elementwise, broadcasting);
+/// `alpha` is applied when it is not 1 (add and sub).
+fn compute(
     op: &str,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,
-    out_dtype: ffi::Dtype,
-) -> Result<Arc<Storage>> {
-    let dtype = dtype(out_dtype)?;
+    dtype: DType,
+) -> Result<Tensor> {
     let device = device_of(&[a, b])?;
     let x = operand(a, dtype, device)?;
     let mut y = operand(b, dtype, device)?;
@@ -122,5 +125,35 @@ pub fn binary(
         let alpha = scalar(dtype, alpha, device)?;
         y = call1("mul", &[y, alpha], &Attrs::new())?;
     }
-    hand_over(call1(op, &[x, y], &Attrs::new())?)
+    call1(op, &[x, y], &Attrs::new())
+}
+
+/// [`compute`] as a new tensor's storage.
+pub fn binary(
+    op: &str,
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    alpha: f64,
+    out_dtype: ffi::Dtype,
+) -> Result<Arc<Storage>> {
+    hand_over(compute(op, a, b, alpha, dtype(out_dtype)?)?)
+}
+
+/// [`compute`] written through the tpu tensor `out` (cast to its dtype,
+/// broadcast to its shape): the in-place forms.
+pub fn binary_into(
+    op: &str,
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    alpha: f64,
+    compute_dtype: ffi::Dtype,
+    out: &ffi::TensorRef<'_>,
+) -> Result<()> {
+    let value = compute(op, a, b, alpha, dtype(compute_dtype)?)?;
+    let target = storage::find(out.address as u64).ok_or_else(|| {
+        BridgeError::internal(format!("no live tpu storage at {:#x}", out.address))
+    })?;
+    let layout = layout(out);
+    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
+    storage::write(&target, &layout, value)
 }

@@ -10,7 +10,7 @@ import torch
 from conftest import assert_close
 from torch_tpu_rs.aten import REGISTERED
 
-NATIVE = ["add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "mul.Tensor", "mul.Scalar", "div.Tensor", "div.Scalar"]
+NATIVE = [f"{op}{form}.{overload}" for op in ("add", "sub", "mul", "div") for form in ("", "_") for overload in ("Tensor", "Scalar")]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
 OPS = {
     "add": lambda a, b: torch.add(a, b),
@@ -94,6 +94,72 @@ def test_numbers_and_cpu_scalars_promote_like_the_cpu(mode, name):
         _close(OPS[name](z.to("tpu"), a.to("tpu")), expected)
 
 
+INPLACE = {
+    "add_": lambda a, b: a.add_(b),
+    "add_ alpha": lambda a, b: a.add_(b, alpha=2),
+    "sub_": lambda a, b: a.sub_(b),
+    "mul_": lambda a, b: a.mul_(b),
+    "div_": lambda a, b: a.div_(b),
+}
+
+
+@pytest.mark.parametrize("name", list(INPLACE))
+def test_in_place_forms_write_self_like_the_cpu(mode, name):
+    """Through views too; a result that cannot be cast to self's dtype, or a
+    broadcast that would grow self, raises as on the CPU."""
+    f = INPLACE[name]
+    for da, db in itertools.product(DTYPES, DTYPES):
+        for other in (_values(db, (4,), 2), 3, 0.5, torch.tensor(2)):
+            a = _values(da, (3, 4), 1)
+            t = a.to("tpu")
+            b = other.to(db) if isinstance(other, torch.Tensor) and other.dim() == 0 else other
+            tb = b.to("tpu") if isinstance(b, torch.Tensor) and b.dim() > 0 else b
+            try:
+                f(a, b)
+            except (RuntimeError, NotImplementedError) as e:
+                with pytest.raises(type(e)):
+                    f(t, tb)
+                continue
+            assert f(t, tb) is t
+            _close(t, a)
+    # A row view and a transposed view write through to the base.
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    f(t[1], torch.full((4,), 2.0, device="tpu"))
+    f(t.t()[2], 3.0)
+    f(x[1], torch.full((4,), 2.0))
+    f(x.t()[2], 3.0)
+    _close(t, x)
+    with pytest.raises(RuntimeError, match=r"output with shape \[4\] doesn't match the broadcast shape \[3, 4\]"):
+        f(torch.ones(4, device="tpu"), torch.ones(3, 4, device="tpu"))
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single memory location"):
+        f(torch.ones(1, device="tpu").expand(3), torch.ones(3, device="tpu"))
+
+
+def test_in_place_casting_and_autograd_rules(mode):
+    i = torch.ones(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        i.add_(0.5)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        i.div_(2)
+    leaf = torch.ones(3, device="tpu", requires_grad=True)
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used in an in-place operation"):
+        leaf.mul_(2)
+    w = torch.randn(3, requires_grad=True)
+    tw = w.detach().to("tpu").requires_grad_()
+    y, ty = w * 1, tw * 1
+    y.mul_(w).add_(1, alpha=2)
+    ty.mul_(tw).add_(1, alpha=2)
+    y.sum().backward()
+    ty.sum().backward()
+    assert_close(tw.grad, w.grad)
+    # Saved for backward and then written: autograd's version check fires.
+    z = tw.exp()
+    z.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+
+
 def test_errors_are_pytorchs(mode):
     x = torch.ones(4, 6, device="tpu")
     with pytest.raises(RuntimeError, match=r"The size of tensor a \(6\) must match the size of tensor b \(5\)"):
@@ -143,5 +209,5 @@ def test_no_python_kernel_is_registered_for_native_ops():
     for name in NATIVE:
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::" + name, "PrivateUse1"), name
         assert REGISTERED.get(name) == "native", name
-    # Their in-place and out= forms still come from the functional kernels.
-    assert REGISTERED["add_.Tensor"] == "inplace" and REGISTERED["mul.out"] == "out"
+    # Their out= forms still come from the functional kernels.
+    assert REGISTERED["add.out"] == "out" and REGISTERED["mul.out"] == "out"

@@ -21,7 +21,7 @@ def test_kernels_call_only_registered_ops():
 
 
 def test_functional_kernels_derive_in_place_and_out_forms():
-    for functional, in_place, out in [("add.Tensor", "add_.Tensor", "add.out"), ("mul.Scalar", "mul_.Scalar", "mul.Scalar_out"),
+    for functional, in_place, out in [("atan2", "atan2_", "atan2.out"), ("remainder.Scalar", "remainder_.Scalar", "remainder.Scalar_out"),
                                       ("sum.dim_IntList", None, "sum.IntList_out"), ("exp", "exp_", "exp.out")]:
         assert REGISTERED[functional] == "kernel"
         if in_place:

@@ -9,6 +9,7 @@ decomposition into ops that have one, then an opt-in CPU fallback, and
 otherwise raises ``NotImplementedError`` naming the op.
 """
 
+import collections
 import inspect
 import os
 import threading
@@ -38,6 +39,33 @@ def _overload(name):
     return getattr(getattr(aten, packet), overload or "default")
 
 
+#: With ``TORCH_TPU_COUNT_KERNELS=1`` (read at import), the aten calls that
+#: reached a Python kernel, by overload name (the fallback's by
+#: ``"fallback:" + op``): what still runs Python per op. Calls a Python
+#: kernel makes itself are part of it and not counted again; native kernels
+#: never count here.
+PYTHON_KERNEL_CALLS = collections.Counter()
+_COUNTING = os.environ.get("TORCH_TPU_COUNT_KERNELS") == "1"
+_inside = threading.local()
+
+
+def _count(name, fn, *args, **kwargs):
+    depth = getattr(_inside, "depth", 0)
+    if depth == 0:
+        PYTHON_KERNEL_CALLS[name] += 1
+    _inside.depth = depth + 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _inside.depth = depth
+
+
+def _counted(name, fn):
+    if not _COUNTING:
+        return fn
+    return lambda *args, **kwargs: _count(name, fn, *args, **kwargs)
+
+
 def _register(name, fn, how):
     if name.endswith(".default"):
         name = name[: -len(".default")]
@@ -51,7 +79,7 @@ def _register(name, fn, how):
         # PyTorch decomposes it (and differentiates the parts) before a
         # backend kernel could run; a kernel here would bypass autograd.
         return
-    _lib.impl(name, fn, KEY)
+    _lib.impl(name, _counted(name, fn), KEY)
     REGISTERED[name] = how
 
 
@@ -162,7 +190,7 @@ def above_autograd(name):
     decomposition) would, and decides itself what to hand on."""
 
     def register(fn):
-        _lib.impl(name, fn, "AutogradPrivateUse1")
+        _lib.impl(name, _counted(name, fn), "AutogradPrivateUse1")
         return fn
 
     return register
@@ -289,6 +317,12 @@ def _takes(fn, names):
 
 
 def fallback(op, *args, **kwargs):
+    if _COUNTING and not getattr(_inside, "counting_fallback", False):
+        _inside.counting_fallback = True
+        try:
+            return _count("fallback:" + str(op), fallback, op, *args, **kwargs)
+        finally:
+            _inside.counting_fallback = False
     active = getattr(_decomposing, "ops", None)
     if active is None:
         active = _decomposing.ops = set()
