@@ -34,8 +34,9 @@ thread_local c10::DeviceIndex current = 0;
 void check_index(c10::DeviceIndex index) {
   const c10::DeviceIndex n = count();
   TORCH_CHECK(index >= 0 && index < n, "tpu:", static_cast<int>(index),
-              " does not exist: this process sees ", static_cast<int>(n),
-              " tpu device(s)");
+              " does not exist (device index ", static_cast<int>(index),
+              " is out of range: this process sees ", static_cast<int>(n),
+              " tpu device(s))");
 }
 
 // Work runs in order per device, so each device has one stream and a

@@ -173,8 +173,20 @@ Operands operands(const char* op, const at::Tensor& self, const Other& other) {
   return x;
 }
 
-c10::DimVector broadcast(const at::Tensor& a, const at::Tensor& b) {
-  return at::infer_size_dimvector(a.sizes(), b.sizes());
+// The broadcast of two shapes; PyTorch's error, naming the op and device.
+c10::DimVector broadcast(const char* op, c10::IntArrayRef a, c10::IntArrayRef b,
+                         const at::Tensor& on) {
+  try {
+    return at::infer_size_dimvector(a, b);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "op `", op, "` on ", on.device(), ": ",
+                e.what_without_backtrace());
+  }
+}
+
+c10::DimVector broadcast(const char* op, const at::Tensor& a,
+                         const at::Tensor& b) {
+  return broadcast(op, a.sizes(), b.sizes(), a);
 }
 
 // `self <op>= alpha * other`: computed in the promoted dtype, written into
@@ -186,14 +198,14 @@ at::Tensor& elementwise_(const char* op, at::Tensor& self, const Other& other,
   TORCH_CHECK(self.device().type() == kTpu,
               "Expected all tensors to be on the same device, but found at "
               "least two devices, ", self.device(), " and tpu!");
-  TORCH_CHECK(c10::canCast(dtype, self.scalar_type()), "result type ", dtype,
-              " can't be cast to the desired output type ",
-              self.scalar_type());
+  TORCH_CHECK(c10::canCast(dtype, self.scalar_type()), "op `", op, "_` on ",
+              self.device(), ": result type ", dtype,
+              " can't be cast to the desired output type ", self.scalar_type());
   if constexpr (std::is_same_v<Other, at::Tensor>) {
-    const auto shape = at::infer_size_dimvector(self.sizes(), other.sizes());
-    TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "output with shape ",
-                self.sizes(), " doesn't match the broadcast shape ",
-                c10::IntArrayRef(shape));
+    const auto shape = broadcast(op, self, other);
+    TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "op `", op, "_` on ",
+                self.device(), ": output with shape ", self.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   at::assert_no_internal_overlap(self);
   const Operands x = operands(op, self, other);
@@ -206,7 +218,7 @@ at::Tensor add(const at::Tensor& self, const at::Tensor& other,
                const c10::Scalar& alpha) {
   const c10::ScalarType dtype = promoted(self, other);
   at::native::alpha_check(dtype, alpha);
-  const auto sizes = broadcast(self, other);
+  const auto sizes = broadcast("add", self, other);
   return elementwise("add", operands("add", self, other), sizes, dtype,
                 alpha.toDouble());
 }
@@ -224,7 +236,7 @@ at::Tensor sub(const at::Tensor& self, const at::Tensor& other,
   at::native::sub_check(self, other);
   const c10::ScalarType dtype = promoted(self, other);
   at::native::alpha_check(dtype, alpha);
-  const auto sizes = broadcast(self, other);
+  const auto sizes = broadcast("sub", self, other);
   return elementwise("sub", operands("sub", self, other), sizes, dtype,
                 alpha.toDouble());
 }
@@ -242,7 +254,7 @@ at::Tensor sub_scalar(const at::Tensor& self, const c10::Scalar& other,
 }
 
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  const auto sizes = broadcast(self, other);
+  const auto sizes = broadcast("mul", self, other);
   return elementwise("mul", operands("mul", self, other), sizes,
                 promoted(self, other));
 }
@@ -253,7 +265,7 @@ at::Tensor mul_scalar(const at::Tensor& self, const c10::Scalar& other) {
 }
 
 at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
-  const auto sizes = broadcast(self, other);
+  const auto sizes = broadcast("div", self, other);
   return elementwise("div", operands("div", self, other), sizes,
                 floating(promoted(self, other)));
 }
@@ -312,6 +324,81 @@ at::Tensor& div_scalar_(at::Tensor& self, const c10::Scalar& other) {
   return elementwise_("div", self, other, floating(promoted(self, other)));
 }
 
+// `beta * bias + alpha * (a @ b)`, sized `sizes` (the bias broadcast).
+at::Tensor product(const char* op, const at::Tensor& a, const at::Tensor& b,
+                   const at::Tensor* bias, double alpha, double beta,
+                   c10::IntArrayRef sizes) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "op `", op, "` on ",
+              a.device(), ": expected both operands to have the same dtype, "
+              "but got: ", a.scalar_type(), " != ", b.scalar_type());
+  Operands x(op);
+  x.tensor(a);
+  x.tensor(b);
+  if (bias != nullptr) {
+    TORCH_CHECK(bias->scalar_type() == a.scalar_type(), "op `", op, "` on ",
+                a.device(), ": self and mat2 must have the same dtype, but "
+                "got ", bias->scalar_type(), " and ", a.scalar_type());
+    broadcast(op, bias->sizes(), sizes, a);
+    x.tensor(*bias);
+  }
+  const c10::ScalarType dtype = a.scalar_type();
+  const Output out = matmul(x[0], x[1], bias != nullptr ? x[2] : x[0],
+                            bias != nullptr, alpha, beta, code(dtype, op));
+  return wrap(out, dtype, sizes, x.device());
+}
+
+// PyTorch's shape checks, naming the op and device.
+void check_mm(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2, "op `", op, "` on ", a.device(),
+              ": self must be a matrix, got ", a.dim(), "-D tensor");
+  TORCH_CHECK(b.dim() == 2, "op `", op, "` on ", a.device(),
+              ": mat2 must be a matrix, got ", b.dim(), "-D tensor");
+  TORCH_CHECK(a.size(1) == b.size(0), "op `", op, "` on ", a.device(),
+              ": mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x",
+              a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+}
+
+void check_bmm(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 3, "op `", op, "` on ", a.device(),
+              ": batch1 must be a 3D tensor");
+  TORCH_CHECK(b.dim() == 3, "op `", op, "` on ", a.device(),
+              ": batch2 must be a 3D tensor");
+  TORCH_CHECK(b.size(0) == a.size(0) && b.size(1) == a.size(2), "op `", op,
+              "` on ", a.device(),
+              ": expected size for first two dimensions of batch2 tensor to "
+              "be: [", a.size(0), ", ", a.size(2), "] but got: [", b.size(0),
+              ", ", b.size(1), "].");
+}
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  check_mm("mm", self, mat2);
+  return product("mm", self, mat2, nullptr, 1, 0,
+                 {self.size(0), mat2.size(1)});
+}
+
+at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
+  check_bmm("bmm", self, mat2);
+  return product("bmm", self, mat2, nullptr, 1, 0,
+                 {self.size(0), self.size(1), mat2.size(2)});
+}
+
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1,
+                 const at::Tensor& mat2, const c10::Scalar& beta,
+                 const c10::Scalar& alpha) {
+  check_mm("addmm", mat1, mat2);
+  return product("addmm", mat1, mat2, &self, alpha.toDouble(),
+                 beta.toDouble(), {mat1.size(0), mat2.size(1)});
+}
+
+at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& batch1,
+                   const at::Tensor& batch2, const c10::Scalar& beta,
+                   const c10::Scalar& alpha) {
+  check_bmm("baddbmm", batch1, batch2);
+  return product("baddbmm", batch1, batch2, &self, alpha.toDouble(),
+                 beta.toDouble(),
+                 {batch1.size(0), batch1.size(1), batch2.size(2)});
+}
+
 }  // namespace
 
 void install_kernels() {
@@ -336,6 +423,10 @@ void install_kernels() {
   m->impl("mul_.Scalar", TORCH_FN(mul_scalar_));
   m->impl("div_.Tensor", TORCH_FN(div_));
   m->impl("div_.Scalar", TORCH_FN(div_scalar_));
+  m->impl("mm", TORCH_FN(mm));
+  m->impl("bmm", TORCH_FN(bmm));
+  m->impl("addmm", TORCH_FN(addmm));
+  m->impl("baddbmm", TORCH_FN(baddbmm));
 }
 
 }  // namespace tpu_bridge

@@ -25,7 +25,7 @@ pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
     let count = crate::device::device_count();
     if device >= count {
         return Err(BridgeError::Device(format!(
-            "tpu:{device} does not exist: this process sees {count} tpu device(s)"
+            "tpu:{device} does not exist (device index {device} is out of range: this process sees {count} tpu device(s))"
         )));
     }
     let storage = Storage::empty(DType::U8, nbytes, device)?;

@@ -111,6 +111,17 @@ pub(crate) mod ffi {
             dtype: Dtype,
             out: &TensorRef,
         ) -> Output;
+
+        #[cxx_name = "matmul"]
+        fn native_matmul(
+            a: &Operand,
+            b: &Operand,
+            bias: &Operand,
+            has_bias: bool,
+            alpha: f64,
+            beta: f64,
+            dtype: Dtype,
+        ) -> Output;
     }
 
     unsafe extern "C++" {
@@ -211,6 +222,21 @@ fn native_binary_into(
 ) -> ffi::Output {
     let written = crate::native_kernels::binary_into(op, a, b, alpha, dtype, out);
     crate::native_kernels::output(written.map(|()| None))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn native_matmul(
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    bias: &ffi::Operand<'_>,
+    has_bias: bool,
+    alpha: f64,
+    beta: f64,
+    dtype: ffi::Dtype,
+) -> ffi::Output {
+    let bias = has_bias.then_some(bias);
+    let made = crate::native_kernels::matmul(a, b, bias, alpha, beta, dtype);
+    crate::native_kernels::output(made.map(Some))
 }
 
 /// Registers the `tpu` device with PyTorch's C++ core.

@@ -157,3 +157,36 @@ pub fn binary_into(
     let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
     storage::write(&target, &layout, value)
 }
+
+/// `beta * bias + alpha * (a @ b)` in `dtype` (mm, bmm, addmm, baddbmm):
+/// the bias only when there is one and `beta` is not 0 (then even its NaNs
+/// are ignored, as PyTorch does).
+pub fn matmul(
+    a: &ffi::Operand<'_>,
+    b: &ffi::Operand<'_>,
+    bias: Option<&ffi::Operand<'_>>,
+    alpha: f64,
+    beta: f64,
+    out_dtype: ffi::Dtype,
+) -> Result<Arc<Storage>> {
+    let dtype = dtype(out_dtype)?;
+    let device = device_of(&[a, b])?;
+    let scaled = |x: Tensor, factor: f64| -> Result<Tensor> {
+        if factor == 1.0 {
+            return Ok(x);
+        }
+        let factor = scalar(dtype, factor, device)?;
+        call1("mul", &[x, factor], &Attrs::new())
+    };
+    let x = operand(a, dtype, device)?;
+    let y = operand(b, dtype, device)?;
+    let product = scaled(call1("matmul", &[x, y], &Attrs::new())?, alpha)?;
+    let value = match bias {
+        Some(bias) if beta != 0.0 => {
+            let bias = scaled(operand(bias, dtype, device)?, beta)?;
+            call1("add", &[bias, product], &Attrs::new())?
+        }
+        _ => product,
+    };
+    hand_over(value)
+}

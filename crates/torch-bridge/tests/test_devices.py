@@ -59,8 +59,10 @@ def test_copies_between_devices():
 
 def test_ops_on_two_devices_are_a_clear_error():
     a, b = torch.ones(2, device="tpu:0"), torch.ones(2, device="tpu:1")
-    with pytest.raises(RuntimeError, match="different devices"):
+    with pytest.raises(RuntimeError, match="same device, but found at least two devices, tpu:0 and tpu:1"):
         a + b
+    with pytest.raises(RuntimeError, match="different devices"):
+        a.atan2(b)  # through a Python kernel
 
 
 @pytest.mark.parametrize("index", [1, 2])

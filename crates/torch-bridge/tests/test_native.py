@@ -11,6 +11,7 @@ from conftest import assert_close
 from torch_tpu_rs.aten import REGISTERED
 
 NATIVE = [f"{op}{form}.{overload}" for op in ("add", "sub", "mul", "div") for form in ("", "_") for overload in ("Tensor", "Scalar")]
+NATIVE += ["mm", "bmm", "addmm", "baddbmm"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
 OPS = {
     "add": lambda a, b: torch.add(a, b),
@@ -160,9 +161,48 @@ def test_in_place_casting_and_autograd_rules(mode):
         z.sum().backward()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matrix_products_equal_the_cpu(mode, dtype):
+    g = torch.Generator().manual_seed(5)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
+    a, b, bias, row = r(5, 7), r(7, 3), r(5, 3), r(3)
+    x, y, bbias = r(4, 5, 7), r(4, 7, 3), r(4, 5, 3)
+    nan_bias = torch.full((5, 3), float("nan")).to(dtype)
+    cases = {
+        "mm": lambda t: torch.mm(t(a), t(b)),
+        "bmm": lambda t: torch.bmm(t(x), t(y)),
+        "addmm": lambda t: torch.addmm(t(bias), t(a), t(b)),
+        "addmm row bias, alpha, beta": lambda t: torch.addmm(t(row), t(a), t(b), beta=0.5, alpha=-2),
+        "addmm beta 0 ignores nan": lambda t: torch.addmm(t(nan_bias), t(a), t(b), beta=0),
+        "baddbmm": lambda t: torch.baddbmm(t(bbias), t(x), t(y), alpha=3),
+        "linear": lambda t: torch.nn.functional.linear(t(a), t(b.t()), t(row)),
+        "matmul 3d @ 2d": lambda t: t(x) @ t(b),
+    }
+    to_tpu = lambda v: v.to("tpu")
+    for name, f in cases.items():
+        expected = f(lambda v: v)
+        got = f(to_tpu)
+        assert got.dtype == expected.dtype and got.shape == expected.shape, name
+        _close(got, expected)
+
+
+def test_matrix_product_errors_name_op_shapes_and_device():
+    a = torch.ones(2, 3, device="tpu")
+    with pytest.raises(RuntimeError, match=r"op `mm` on tpu:0: mat1 and mat2 shapes cannot be multiplied \(2x3 and 2x3\)"):
+        torch.mm(a, a)
+    with pytest.raises(RuntimeError, match="op `mm` on tpu:0: self must be a matrix, got 1-D tensor"):
+        torch.mm(a[0], a)
+    with pytest.raises(RuntimeError, match=r"op `bmm` on tpu:0: expected size for first two dimensions of batch2 tensor to be: \[1, 3\]"):
+        torch.bmm(a[None], a[None])
+    with pytest.raises(RuntimeError, match="op `mm` on tpu:0: expected both operands to have the same dtype, but got: Float != Double"):
+        torch.mm(a, a.t().double())
+    with pytest.raises(RuntimeError, match="op `addmm` on tpu:0: The expanded size|op `addmm` on tpu:0: The size of tensor"):
+        torch.addmm(torch.ones(2, device="tpu"), a.t(), a)
+
+
 def test_errors_are_pytorchs(mode):
     x = torch.ones(4, 6, device="tpu")
-    with pytest.raises(RuntimeError, match=r"The size of tensor a \(6\) must match the size of tensor b \(5\)"):
+    with pytest.raises(RuntimeError, match=r"op `add` on tpu:0: The size of tensor a \(6\) must match the size of tensor b \(5\)"):
         x + torch.ones(4, 5, device="tpu")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu!"):
         x * torch.ones(4, 6)

@@ -68,7 +68,7 @@ def test_integer_arange_is_exact_past_2_pow_53():
 
 def test_a_device_index_past_the_plugin_raises():
     count = torch.tpu.device_count()
-    with pytest.raises(RuntimeError, match=f"device index {count + 3} is out of range.*{count} device"):
+    with pytest.raises(RuntimeError, match=f"device index {count + 3} is out of range.*{count} (tpu )?device"):
         torch.zeros(2, device=f"tpu:{count + 3}")
 
 
@@ -118,7 +118,7 @@ def test_storage_resize_keeps_the_elements_both_sizes_hold(mode):
 
 BAD_CALLS = {
     "dim out of range": (lambda x: x.sum(5), r"op `sum` on tpu:0 with inputs \(f32\[2, 3\]\): dimension 5 is out of range"),
-    "shape mismatch": (lambda x: x @ x, "op `matmul` .* cannot be multiplied"),
+    "shape mismatch": (lambda x: torch.dot(x[0], x[1, :2]), "op `matmul` .* cannot be multiplied"),
     "dtype not implemented": (lambda x: x.int().softmax(0), r"op `softmax` .*i32\[2, 3\].*needs a float dtype"),
     "float bits": (lambda x: x.bitwise_and(x), "op `bitwise_and` .*got f32"),
 }
@@ -148,7 +148,7 @@ def test_op_errors_are_the_exception_class_the_cpu_raises(mode, case):
 
 #: Calls PyTorch CPU refuses, each with what tpu's message must say.
 REJECTED = {
-    "mm of two dtypes": (lambda x: torch.mm(x, x.t().int()), r"same dtype.*float32.*int32"),
+    "mm of two dtypes": (lambda x: torch.mm(x, x.t().int()), r"op `mm` on tpu:0: .*same dtype.*Float != Int"),
     "layer_norm over another shape": (lambda x: F.layer_norm(x, (4,)), r"normalized_shape=\[4\].*\[2, 3\]"),
     "arange against its step": (
         lambda x: torch.arange(0, 5, -1, device=x.device), r"upper bound and lower bound inconsistent with step sign"

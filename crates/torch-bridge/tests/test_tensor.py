@@ -176,8 +176,10 @@ def test_save_and_load_tensors_and_state_dicts():
 
 def test_errors_name_the_op_and_shapes():
     a, b = torch.randn(2, 3, device="tpu"), torch.randn(4, 5, device="tpu")
-    with pytest.raises(RuntimeError, match=r"matmul.*tpu:0.*f32\[2, 3\].*f32\[4, 5\]"):
+    with pytest.raises(RuntimeError, match=r"op `mm` on tpu:0: mat1 and mat2 shapes cannot be multiplied \(2x3 and 4x5\)"):
         a @ b
+    with pytest.raises(RuntimeError, match=r"op `matmul` on tpu:0 with inputs \(f32\[3\], f32\[4\]\)"):
+        torch.dot(a[0], b[0, :4])
     with pytest.raises(NotImplementedError, match="airy_ai"):
         torch.special.airy_ai(torch.rand(8, device="tpu"))
 
