@@ -132,14 +132,6 @@ at::Tensor wrap(const Output& out, c10::ScalarType dtype, c10::IntArrayRef sizes
   return t;
 }
 
-// Elementwise `a <op> alpha * b` in `dtype`, broadcasting.
-at::Tensor elementwise(const char* op, const Operands& x,
-                       c10::IntArrayRef sizes, c10::ScalarType dtype,
-                       double alpha = 1.0) {
-  const Output out = binary(op, x[0], x[1], alpha, code(dtype, op));
-  return wrap(out, dtype, sizes, x.device());
-}
-
 c10::ScalarType promoted(const at::Tensor& a, const at::Tensor& b) {
   at::native::ResultTypeState state;
   state = at::native::update_result_type_state(a, state);
@@ -152,13 +144,6 @@ c10::ScalarType promoted(const at::Tensor& a, const c10::Scalar& b) {
   state = at::native::update_result_type_state(a, state);
   state = at::native::update_result_type_state(b, state);
   return at::native::result_type(state);
-}
-
-// True division gives a float for integer operands.
-c10::ScalarType floating(c10::ScalarType t) {
-  return c10::isIntegralType(t, /*includeBool=*/true)
-             ? c10::typeMetaToScalarType(c10::get_default_dtype())
-             : t;
 }
 
 template <typename Other>
@@ -184,144 +169,105 @@ c10::DimVector broadcast(const char* op, c10::IntArrayRef a, c10::IntArrayRef b,
   }
 }
 
-c10::DimVector broadcast(const char* op, const at::Tensor& a,
-                         const at::Tensor& b) {
-  return broadcast(op, a.sizes(), b.sizes(), a);
+// The result's sizes: the operands' broadcast (a number takes self's).
+template <typename Other>
+c10::DimVector result_sizes(const char* op, const at::Tensor& self,
+                            const Other& other) {
+  if constexpr (std::is_same_v<Other, at::Tensor>) {
+    return broadcast(op, self.sizes(), other.sizes(), self);
+  } else {
+    return c10::DimVector(self.sizes());
+  }
 }
 
-// `self <op>= alpha * other`: computed in the promoted dtype, written into
-// self, which must hold the broadcast shape and a dtype the result casts
-// to, as PyTorch requires of an in-place op.
+// The elementwise ops with native kernels: each is the tpu-rs op of the
+// same name.
+enum class Binary { Add, Sub, Mul, Div };
+
+constexpr const char* name(Binary op) {
+  switch (op) {
+    case Binary::Add: return "add";
+    case Binary::Sub: return "sub";
+    case Binary::Mul: return "mul";
+    case Binary::Div: return "div";
+  }
+  return "";
+}
+
+// The dtype `op` computes in, after PyTorch's checks of its operands.
 template <typename Other>
-at::Tensor& elementwise_(const char* op, at::Tensor& self, const Other& other,
-                         c10::ScalarType dtype, double alpha = 1.0) {
+c10::ScalarType compute_dtype(Binary op, const at::Tensor& self,
+                              const Other& other, const c10::Scalar& alpha) {
+  if (op == Binary::Sub) at::native::sub_check(self, other);
+  c10::ScalarType dtype = promoted(self, other);
+  // True division gives a float for integer operands.
+  if (op == Binary::Div && c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  }
+  if (op == Binary::Add || op == Binary::Sub) {
+    at::native::alpha_check(dtype, alpha);
+  }
+  return dtype;
+}
+
+// `self <op> alpha * other`, a new tensor.
+template <Binary op, typename Other>
+at::Tensor functional(const at::Tensor& self, const Other& other,
+                      const c10::Scalar& alpha) {
+  const c10::ScalarType dtype = compute_dtype(op, self, other, alpha);
+  const auto sizes = result_sizes(name(op), self, other);
+  const Operands x = operands(name(op), self, other);
+  const Output out = binary(name(op), x[0], x[1], alpha.toDouble(),
+                            code(dtype, name(op)));
+  return wrap(out, dtype, sizes, x.device());
+}
+
+// `self <op>= alpha * other`: computed in the promoted dtype and written
+// into self, which must hold the broadcast shape and a dtype the result
+// casts to, as PyTorch requires of an in-place op.
+template <Binary op, typename Other>
+at::Tensor& in_place(at::Tensor& self, const Other& other,
+                     const c10::Scalar& alpha) {
+  const char* n = name(op);
   TORCH_CHECK(self.device().type() == kTpu,
               "Expected all tensors to be on the same device, but found at "
               "least two devices, ", self.device(), " and tpu!");
-  TORCH_CHECK(c10::canCast(dtype, self.scalar_type()), "op `", op, "_` on ",
+  const c10::ScalarType dtype = compute_dtype(op, self, other, alpha);
+  TORCH_CHECK(c10::canCast(dtype, self.scalar_type()), "op `", n, "_` on ",
               self.device(), ": result type ", dtype,
               " can't be cast to the desired output type ", self.scalar_type());
-  if constexpr (std::is_same_v<Other, at::Tensor>) {
-    const auto shape = broadcast(op, self, other);
-    TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "op `", op, "_` on ",
-                self.device(), ": output with shape ", self.sizes(),
-                " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
-  }
+  const auto shape = result_sizes(n, self, other);
+  TORCH_CHECK(c10::IntArrayRef(shape) == self.sizes(), "op `", n, "_` on ",
+              self.device(), ": output with shape ", self.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   at::assert_no_internal_overlap(self);
-  const Operands x = operands(op, self, other);
-  const TensorRef out = tensor_ref(self, op);
-  check(binary_into(op, x[0], x[1], alpha, code(dtype, op), out));
+  const Operands x = operands(n, self, other);
+  check(binary_into(n, x[0], x[1], alpha.toDouble(), code(dtype, n),
+                    tensor_ref(self, n)));
   return self;
 }
 
-at::Tensor add(const at::Tensor& self, const at::Tensor& other,
-               const c10::Scalar& alpha) {
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  const auto sizes = broadcast("add", self, other);
-  return elementwise("add", operands("add", self, other), sizes, dtype,
-                alpha.toDouble());
-}
-
-at::Tensor add_scalar(const at::Tensor& self, const c10::Scalar& other,
+// The schemas' signatures: add and sub take `alpha`, mul and div do not.
+template <Binary op, typename Other>
+at::Tensor with_alpha(const at::Tensor& self, const Other& other,
                       const c10::Scalar& alpha) {
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise("add", operands("add", self, other), self.sizes(), dtype,
-                alpha.toDouble());
+  return functional<op>(self, other, alpha);
 }
 
-at::Tensor sub(const at::Tensor& self, const at::Tensor& other,
-               const c10::Scalar& alpha) {
-  at::native::sub_check(self, other);
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  const auto sizes = broadcast("sub", self, other);
-  return elementwise("sub", operands("sub", self, other), sizes, dtype,
-                alpha.toDouble());
+template <Binary op, typename Other>
+at::Tensor without_alpha(const at::Tensor& self, const Other& other) {
+  return functional<op>(self, other, 1);
 }
 
-at::Tensor sub_scalar(const at::Tensor& self, const c10::Scalar& other,
-                      const c10::Scalar& alpha) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      self.scalar_type() != at::kBool || !other.isBoolean(),
-      "Subtraction, the `-` operator, with two bool tensors is not supported. "
-      "Use the `^` or `logical_xor()` operator instead.");
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise("sub", operands("sub", self, other), self.sizes(), dtype,
-                alpha.toDouble());
-}
-
-at::Tensor mul(const at::Tensor& self, const at::Tensor& other) {
-  const auto sizes = broadcast("mul", self, other);
-  return elementwise("mul", operands("mul", self, other), sizes,
-                promoted(self, other));
-}
-
-at::Tensor mul_scalar(const at::Tensor& self, const c10::Scalar& other) {
-  return elementwise("mul", operands("mul", self, other), self.sizes(),
-                promoted(self, other));
-}
-
-at::Tensor div(const at::Tensor& self, const at::Tensor& other) {
-  const auto sizes = broadcast("div", self, other);
-  return elementwise("div", operands("div", self, other), sizes,
-                floating(promoted(self, other)));
-}
-
-at::Tensor div_scalar(const at::Tensor& self, const c10::Scalar& other) {
-  return elementwise("div", operands("div", self, other), self.sizes(),
-                floating(promoted(self, other)));
-}
-
-at::Tensor& add_(at::Tensor& self, const at::Tensor& other,
-                 const c10::Scalar& alpha) {
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise_("add", self, other, dtype, alpha.toDouble());
-}
-
-at::Tensor& add_scalar_(at::Tensor& self, const c10::Scalar& other,
+template <Binary op, typename Other>
+at::Tensor& with_alpha_(at::Tensor& self, const Other& other,
                         const c10::Scalar& alpha) {
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise_("add", self, other, dtype, alpha.toDouble());
+  return in_place<op>(self, other, alpha);
 }
 
-at::Tensor& sub_(at::Tensor& self, const at::Tensor& other,
-                 const c10::Scalar& alpha) {
-  at::native::sub_check(self, other);
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise_("sub", self, other, dtype, alpha.toDouble());
-}
-
-at::Tensor& sub_scalar_(at::Tensor& self, const c10::Scalar& other,
-                        const c10::Scalar& alpha) {
-  TORCH_CHECK_NOT_IMPLEMENTED(
-      self.scalar_type() != at::kBool || !other.isBoolean(),
-      "Subtraction, the `-` operator, with two bool tensors is not supported. "
-      "Use the `^` or `logical_xor()` operator instead.");
-  const c10::ScalarType dtype = promoted(self, other);
-  at::native::alpha_check(dtype, alpha);
-  return elementwise_("sub", self, other, dtype, alpha.toDouble());
-}
-
-at::Tensor& mul_(at::Tensor& self, const at::Tensor& other) {
-  return elementwise_("mul", self, other, promoted(self, other));
-}
-
-at::Tensor& mul_scalar_(at::Tensor& self, const c10::Scalar& other) {
-  return elementwise_("mul", self, other, promoted(self, other));
-}
-
-at::Tensor& div_(at::Tensor& self, const at::Tensor& other) {
-  return elementwise_("div", self, other, floating(promoted(self, other)));
-}
-
-at::Tensor& div_scalar_(at::Tensor& self, const c10::Scalar& other) {
-  return elementwise_("div", self, other, floating(promoted(self, other)));
+template <Binary op, typename Other>
+at::Tensor& without_alpha_(at::Tensor& self, const Other& other) {
+  return in_place<op>(self, other, 1);
 }
 
 // `beta * bias + alpha * (a @ b)`, sized `sizes` (the bias broadcast).
@@ -407,22 +353,24 @@ void install_kernels() {
   static auto* m = new torch::Library(torch::Library::IMPL, "aten",
                                       c10::DispatchKey::PrivateUse1, __FILE__,
                                       __LINE__);
-  m->impl("add.Tensor", TORCH_FN(add));
-  m->impl("add.Scalar", TORCH_FN(add_scalar));
-  m->impl("sub.Tensor", TORCH_FN(sub));
-  m->impl("sub.Scalar", TORCH_FN(sub_scalar));
-  m->impl("mul.Tensor", TORCH_FN(mul));
-  m->impl("mul.Scalar", TORCH_FN(mul_scalar));
-  m->impl("div.Tensor", TORCH_FN(div));
-  m->impl("div.Scalar", TORCH_FN(div_scalar));
-  m->impl("add_.Tensor", TORCH_FN(add_));
-  m->impl("add_.Scalar", TORCH_FN(add_scalar_));
-  m->impl("sub_.Tensor", TORCH_FN(sub_));
-  m->impl("sub_.Scalar", TORCH_FN(sub_scalar_));
-  m->impl("mul_.Tensor", TORCH_FN(mul_));
-  m->impl("mul_.Scalar", TORCH_FN(mul_scalar_));
-  m->impl("div_.Tensor", TORCH_FN(div_));
-  m->impl("div_.Scalar", TORCH_FN(div_scalar_));
+  using at::Tensor;
+  using c10::Scalar;
+  m->impl("add.Tensor", TORCH_FN((with_alpha<Binary::Add, Tensor>)));
+  m->impl("add.Scalar", TORCH_FN((with_alpha<Binary::Add, Scalar>)));
+  m->impl("sub.Tensor", TORCH_FN((with_alpha<Binary::Sub, Tensor>)));
+  m->impl("sub.Scalar", TORCH_FN((with_alpha<Binary::Sub, Scalar>)));
+  m->impl("mul.Tensor", TORCH_FN((without_alpha<Binary::Mul, Tensor>)));
+  m->impl("mul.Scalar", TORCH_FN((without_alpha<Binary::Mul, Scalar>)));
+  m->impl("div.Tensor", TORCH_FN((without_alpha<Binary::Div, Tensor>)));
+  m->impl("div.Scalar", TORCH_FN((without_alpha<Binary::Div, Scalar>)));
+  m->impl("add_.Tensor", TORCH_FN((with_alpha_<Binary::Add, Tensor>)));
+  m->impl("add_.Scalar", TORCH_FN((with_alpha_<Binary::Add, Scalar>)));
+  m->impl("sub_.Tensor", TORCH_FN((with_alpha_<Binary::Sub, Tensor>)));
+  m->impl("sub_.Scalar", TORCH_FN((with_alpha_<Binary::Sub, Scalar>)));
+  m->impl("mul_.Tensor", TORCH_FN((without_alpha_<Binary::Mul, Tensor>)));
+  m->impl("mul_.Scalar", TORCH_FN((without_alpha_<Binary::Mul, Scalar>)));
+  m->impl("div_.Tensor", TORCH_FN((without_alpha_<Binary::Div, Tensor>)));
+  m->impl("div_.Scalar", TORCH_FN((without_alpha_<Binary::Div, Scalar>)));
   m->impl("mm", TORCH_FN(mm));
   m->impl("bmm", TORCH_FN(bmm));
   m->impl("addmm", TORCH_FN(addmm));
