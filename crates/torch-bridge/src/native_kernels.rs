@@ -40,11 +40,15 @@ fn layout(t: &ffi::TensorRef<'_>) -> Layout {
     }
 }
 
-/// The value a tpu tensor operand holds, and its device.
-fn read(t: &ffi::TensorRef<'_>) -> Result<(Tensor, usize)> {
-    let storage = storage::find(t.address as u64)
-        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))?;
-    let layout = layout(t);
+/// The live storage a tpu tensor views.
+fn storage_of(t: &ffi::TensorRef<'_>) -> Result<Arc<Storage>> {
+    storage::find(t.address as u64)
+        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))
+}
+
+/// The value a tpu tensor operand holds.
+fn read(t: &ffi::TensorRef<'_>) -> Result<Tensor> {
+    let storage = storage_of(t)?;
     let held = storage.dtype();
     let want = dtype(t.dtype)?;
     if want != held {
@@ -52,7 +56,7 @@ fn read(t: &ffi::TensorRef<'_>) -> Result<(Tensor, usize)> {
             "a {want} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
         )));
     }
-    Ok((storage::read(&storage, &layout)?, storage.device()))
+    storage::read(&storage, &layout(t))
 }
 
 /// An operand in `dtype` on `device`: a tensor cast to it, or a number made
@@ -61,14 +65,24 @@ fn operand(x: &ffi::Operand<'_>, dtype: DType, device: usize) -> Result<Tensor> 
     if x.is_number {
         return scalar(dtype, x.number, device);
     }
-    cast(read(&x.tensor)?.0, dtype)
+    cast(read(&x.tensor)?, dtype)
 }
 
+/// The device of the first tensor operand (its storage's; nothing is read).
 fn device_of(operands: &[&ffi::Operand<'_>]) -> Result<usize> {
     match operands.iter().find(|x| !x.is_number) {
-        Some(x) => Ok(read(&x.tensor)?.1),
+        Some(x) => Ok(storage_of(&x.tensor)?.device()),
         None => Err(BridgeError::internal("an op without tensor operands")),
     }
+}
+
+/// `x * factor` in `dtype` (itself when `factor` is 1).
+fn scaled(x: Tensor, factor: f64, dtype: DType, device: usize) -> Result<Tensor> {
+    if factor == 1.0 {
+        return Ok(x);
+    }
+    let factor = scalar(dtype, factor, device)?;
+    call1("mul", &[x, factor], &Attrs::new())
 }
 
 /// A result as the storage a new C++ tensor owns.
@@ -120,11 +134,7 @@ fn compute(
 ) -> Result<Tensor> {
     let device = device_of(&[a, b])?;
     let x = operand(a, dtype, device)?;
-    let mut y = operand(b, dtype, device)?;
-    if alpha != 1.0 {
-        let alpha = scalar(dtype, alpha, device)?;
-        y = call1("mul", &[y, alpha], &Attrs::new())?;
-    }
+    let y = scaled(operand(b, dtype, device)?, alpha, dtype, device)?;
     call1(op, &[x, y], &Attrs::new())
 }
 
@@ -150,9 +160,7 @@ pub fn binary_into(
     out: &ffi::TensorRef<'_>,
 ) -> Result<()> {
     let value = compute(op, a, b, alpha, dtype(compute_dtype)?)?;
-    let target = storage::find(out.address as u64).ok_or_else(|| {
-        BridgeError::internal(format!("no live tpu storage at {:#x}", out.address))
-    })?;
+    let target = storage_of(out)?;
     let layout = layout(out);
     let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
     storage::write(&target, &layout, value)
@@ -171,19 +179,13 @@ pub fn matmul(
 ) -> Result<Arc<Storage>> {
     let dtype = dtype(out_dtype)?;
     let device = device_of(&[a, b])?;
-    let scaled = |x: Tensor, factor: f64| -> Result<Tensor> {
-        if factor == 1.0 {
-            return Ok(x);
-        }
-        let factor = scalar(dtype, factor, device)?;
-        call1("mul", &[x, factor], &Attrs::new())
-    };
     let x = operand(a, dtype, device)?;
     let y = operand(b, dtype, device)?;
-    let product = scaled(call1("matmul", &[x, y], &Attrs::new())?, alpha)?;
+    let product = call1("matmul", &[x, y], &Attrs::new())?;
+    let product = scaled(product, alpha, dtype, device)?;
     let value = match bias {
         Some(bias) if beta != 0.0 => {
-            let bias = scaled(operand(bias, dtype, device)?, beta)?;
+            let bias = scaled(operand(bias, dtype, device)?, beta, dtype, device)?;
             call1("add", &[bias, product], &Attrs::new())?
         }
         _ => product,
