@@ -46,6 +46,7 @@ impl BridgeError {
 impl std::fmt::Display for BridgeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            BridgeError::Core(e) if e.is_out_of_memory() => write!(f, "tpu out of memory: {e}"),
             BridgeError::Core(e) => e.fmt(f),
             BridgeError::Python(e) => e.fmt(f),
             BridgeError::Unsupported(msg)
@@ -85,8 +86,8 @@ impl From<PyErr> for BridgeError {
 impl From<BridgeError> for PyErr {
     fn from(e: BridgeError) -> PyErr {
         match e {
-            BridgeError::Core(e) if e.is_out_of_memory() => {
-                Python::attach(|py| out_of_memory(py, format!("tpu out of memory: {e}")))
+            e @ BridgeError::Core(_) if e.is_out_of_memory() => {
+                Python::attach(|py| out_of_memory(py, e.to_string()))
             }
             BridgeError::Core(e) => Python::attach(|py| core_error(py, &e)),
             BridgeError::OutOfMemory(msg) => Python::attach(|py| out_of_memory(py, msg)),
