@@ -50,14 +50,17 @@ pub(crate) fn wrap_int(dtype: DType, v: i64) -> i64 {
 }
 
 impl HostTensor {
-    /// A float tensor; values are rounded to `dtype`. A non-float `dtype`
-    /// truncates toward zero and saturates, like a cast.
+    /// A float tensor; values are rounded to `dtype`. An integer `dtype`
+    /// truncates toward zero and saturates, and bool takes any nonzero
+    /// value (NaN too) as true, like a cast.
     pub fn float(dtype: DType, values: ArrayD<f64>) -> HostTensor {
         if dtype.is_float() {
             HostTensor {
                 dtype,
                 data: HostData::Float(values.mapv(|v| round_float(dtype, v))),
             }
+        } else if dtype == DType::Bool {
+            HostTensor::int(dtype, values.mapv(|v| i64::from(v != 0.0)))
         } else {
             HostTensor::int(dtype, values.mapv(|v| v as i64))
         }
@@ -96,11 +99,7 @@ impl HostTensor {
     /// A rank-0 tensor.
     pub fn scalar(dtype: DType, value: f64) -> HostTensor {
         let a = ArrayD::from_elem(IxDyn(&[]), value);
-        if dtype.is_float() {
-            HostTensor::float(dtype, a)
-        } else {
-            HostTensor::int(dtype, a.mapv(|v| v as i64))
-        }
+        HostTensor::float(dtype, a)
     }
 
     /// Element type.
@@ -214,4 +213,18 @@ impl HostTensor {
 fn array<T>(dims: &[usize], values: Vec<T>) -> ArrayD<T> {
     ArrayD::from_shape_vec(IxDyn(dims), values)
         .unwrap_or_else(|_| unreachable!("a HostBuffer's byte count matches its shape"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fraction_is_true_as_a_bool() {
+        for v in [0.3, -0.2, f64::NAN, 2.0] {
+            assert_eq!(HostTensor::scalar(DType::Bool, v).to_i64().sum(), 1, "{v}");
+        }
+        assert_eq!(HostTensor::scalar(DType::Bool, 0.0).to_i64().sum(), 0);
+        assert_eq!(HostTensor::scalar(DType::I32, -2.7).to_i64().sum(), -2);
+    }
 }
