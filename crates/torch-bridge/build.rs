@@ -48,7 +48,9 @@ fn main() {
         .file("native/device.cc")
         .file("native/allocator.cc")
         .file("native/views.cc")
+        .file("native/tensors.cc")
         .file("native/kernels.cc")
+        .file("native/boxed.cc")
         .std("c++20")
         .define(
             "_GLIBCXX_USE_CXX11_ABI",

@@ -1,6 +1,7 @@
 #include "torch-bridge/native/device.h"
 
 #include "torch-bridge/native/allocator.h"
+#include "torch-bridge/native/boxed.h"
 #include "torch-bridge/native/kernels.h"
 #include "torch-bridge/native/views.h"
 
@@ -196,6 +197,7 @@ void install() {
   install_allocator();
   install_views();
   install_kernels();
+  install_boxed_kernels();
 }
 
 int8_t current_device() { return current; }

@@ -12,53 +12,15 @@
 #include <ATen/native/BinaryOps.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/DefaultDtype.h>
-#include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <string>
 
-#include "torch-bridge/native/allocator.h"
-#include "torch-bridge/src/native.rs.h"
+#include "torch-bridge/native/tensors.h"
 
 namespace tpu_bridge {
 namespace {
-
-constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
-
-std::optional<Dtype> dtype_code(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Bool: return Dtype::Bool;
-    case c10::ScalarType::Char: return Dtype::I8;
-    case c10::ScalarType::Short: return Dtype::I16;
-    case c10::ScalarType::Int: return Dtype::I32;
-    case c10::ScalarType::Long: return Dtype::I64;
-    case c10::ScalarType::Byte: return Dtype::U8;
-    case c10::ScalarType::UInt32: return Dtype::U32;
-    case c10::ScalarType::Half: return Dtype::F16;
-    case c10::ScalarType::BFloat16: return Dtype::Bf16;
-    case c10::ScalarType::Float: return Dtype::F32;
-    case c10::ScalarType::Double: return Dtype::F64;
-    default: return std::nullopt;
-  }
-}
-
-Dtype code(c10::ScalarType t, const char* op) {
-  const std::optional<Dtype> c = dtype_code(t);
-  TORCH_CHECK_NOT_IMPLEMENTED(c.has_value(), "op `", op, "` on tpu: ", t,
-                              " tensors are not supported");
-  return *c;
-}
-
-TensorRef tensor_ref(const at::Tensor& t, const char* op) {
-  TensorRef r{};
-  r.address = reinterpret_cast<std::uintptr_t>(t.storage().data());
-  r.dtype = code(t.scalar_type(), op);
-  r.sizes = {t.sizes().data(), t.sizes().size()};
-  r.strides = {t.strides().data(), t.strides().size()};
-  r.offset = t.storage_offset();
-  return r;
-}
 
 // A kernel's operands, checked: tpu tensors of one device, and numbers
 // (Scalars and 0-dim CPU tensors, which PyTorch lets mix with any device).
@@ -107,29 +69,12 @@ class Operands {
 };
 
 // Raises what the Rust side reports, with the class PyTorch uses for it.
-void check(const Output& out) {
-  if (out.failure == Failure::None) return;
-  const std::string message(out.error);
-  switch (out.failure) {
-    case Failure::NotImplemented: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
-    case Failure::Index: TORCH_CHECK_INDEX(false, message);
-    case Failure::OutOfMemory:
-      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
-    default: TORCH_CHECK(false, message);
-  }
-}
+void check(const Output& out) { raise(out.failure, out.error); }
 
 at::Tensor wrap(const Output& out, c10::ScalarType dtype, c10::IntArrayRef sizes,
                 c10::DeviceIndex device) {
   check(out);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), out.nbytes,
-                       adopted_data(out.address, device), tpu_allocator(),
-                       /*resizable=*/true);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-      c10::scalarTypeToTypeMeta(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  return t;
+  return adopt(out.address, out.nbytes, dtype, sizes, device);
 }
 
 c10::ScalarType promoted(const at::Tensor& a, const at::Tensor& b) {

@@ -111,10 +111,6 @@ pub fn concat<'py>(
     dim: i64,
     dtype: &Bound<'py, PyAny>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let sizes = current()?;
-    if sizes.is_empty() {
-        return Ok(None);
-    }
     let mut views = Vec::with_capacity(tensors.len());
     for t in tensors.iter() {
         match View::of(&t)? {
@@ -122,11 +118,22 @@ pub fn concat<'py>(
             None => return Ok(None),
         }
     }
-    let Some(plan) = Plan::of(&views, dim, &sizes) else {
+    match concat_views(&views, dim, dtype_of(dtype)?)? {
+        Some(padded) => Ok(Some(wrap_padded(py, padded)?)),
+        None => Ok(None),
+    }
+}
+
+/// [`concat`] of tpu views: the padded join, or `None`.
+pub fn concat_views(views: &[View], dim: i64, dtype: DType) -> Result<Option<Padded>> {
+    let sizes = current()?;
+    if sizes.is_empty() {
         return Ok(None);
-    };
-    let padded = plan.join(&views, dtype_of(dtype)?)?;
-    Ok(Some(wrap_padded(py, padded)?))
+    }
+    match Plan::of(views, dim, &sizes) {
+        Some(plan) => plan.join(views, dtype).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// How a join into a padded storage goes.
@@ -254,24 +261,21 @@ pub fn padded_keys<'py>(
     )))
 }
 
-/// `t` in `dtype` (`.to(dtype)`, `clone`) when `t` views all of a padded
-/// storage: the padded value cast, held padded alike, so a mask grown by
-/// `cat` stays padded; `None` otherwise.
-#[pyfunction]
-pub fn padded_copy<'py>(
-    py: Python<'py>,
-    t: &Bound<'py, PyAny>,
-    dtype: &Bound<'py, PyAny>,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(p) = held_padded_while_on(t)? else {
+/// A tpu view in `dtype` (`.to(dtype)`, `clone`) when it views all of a
+/// padded storage: the padded value cast, held padded alike, so a mask
+/// grown by `cat` stays padded; `None` otherwise.
+pub fn padded_copy_of(view: &View, dtype: DType) -> Result<Option<Padded>> {
+    if current()?.is_empty() {
+        return Ok(None);
+    }
+    let Some(p) = view.storage.padded_as(&view.layout) else {
         return Ok(None);
     };
-    let padded = Padded {
-        value: cast(p.value, dtype_of(dtype)?)?,
+    Ok(Some(Padded {
+        value: cast(p.value, dtype)?,
         dim: p.dim,
         len: p.len,
-    };
-    Ok(Some(wrap_padded(py, padded)?))
+    }))
 }
 
 /// `constant_pad_nd(t, pad, value)` when `t` views all of a padded storage

@@ -28,6 +28,10 @@ pub enum BridgeError {
     Unsupported(String),
     /// Tensors on different devices, or a device that does not exist.
     Device(String),
+    /// Arguments an op rejects, as PyTorch does (a `RuntimeError`).
+    Invalid(String),
+    /// An index outside its dimension (an `IndexError`).
+    Index(String),
     /// The device cannot hold what was asked for.
     OutOfMemory(String),
     /// A Python call failed.
@@ -51,6 +55,8 @@ impl std::fmt::Display for BridgeError {
             BridgeError::Python(e) => e.fmt(f),
             BridgeError::Unsupported(msg)
             | BridgeError::Device(msg)
+            | BridgeError::Invalid(msg)
+            | BridgeError::Index(msg)
             | BridgeError::OutOfMemory(msg) => f.write_str(msg),
             BridgeError::Internal(msg) => write!(f, "torch_tpu_rs internal error: {msg}"),
         }
@@ -92,7 +98,11 @@ impl From<BridgeError> for PyErr {
             BridgeError::Core(e) => Python::attach(|py| core_error(py, &e)),
             BridgeError::OutOfMemory(msg) => Python::attach(|py| out_of_memory(py, msg)),
             BridgeError::Unsupported(msg) => PyNotImplementedError::new_err(msg),
-            BridgeError::Device(msg) => PyRuntimeError::new_err(msg),
+            BridgeError::Device(msg) | BridgeError::Invalid(msg) => PyRuntimeError::new_err(msg),
+            BridgeError::Index(msg) => Python::attach(|py| match index_error(py) {
+                Ok(class) => PyErr::from_type(class.clone(), msg),
+                Err(e) => e,
+            }),
             BridgeError::Python(e) => e,
             BridgeError::Internal(msg) => {
                 TpuError::new_err(format!("torch_tpu_rs internal error: {msg}"))

@@ -18,6 +18,7 @@ mod error;
 mod kernels;
 mod native;
 mod native_kernels;
+mod native_ops;
 mod ops;
 mod profile;
 mod random;
@@ -50,6 +51,13 @@ fn op_names() -> PyResult<Vec<&'static str>> {
     Ok(tpu_ops::registry().map_err(BridgeError::from)?.names())
 }
 
+/// The aten overloads with a native kernel written in Rust
+/// (`native_ops`), in registration order.
+#[pyfunction]
+fn native_op_names() -> Vec<&'static str> {
+    native_ops::names()
+}
+
 /// The Python module `torch_tpu_rs._C`.
 #[pymodule]
 #[pyo3(name = "_C")]
@@ -77,10 +85,10 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dist::local_ip_towards, m)?)?;
     m.add_function(wrap_pyfunction!(empty, m)?)?;
     m.add_function(wrap_pyfunction!(op_names, m)?)?;
+    m.add_function(wrap_pyfunction!(native_op_names, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::concat, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::padded_keys, m)?)?;
-    m.add_function(wrap_pyfunction!(buckets::padded_copy, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::padded_pad, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::set_shape_buckets, m)?)?;

@@ -62,6 +62,79 @@ pub(crate) mod ffi {
         error: String,
     }
 
+    /// What a native op's argument holds (see `Arg`).
+    enum ArgKind {
+        /// None, or an undefined tensor.
+        Absent,
+        Tensor,
+        /// A CPU tensor of one or more dims: its dtype, sizes and bytes in
+        /// order (a 0-dim CPU tensor is a Number).
+        HostTensor,
+        /// A tensor on another device.
+        OtherTensor,
+        Tensors,
+        /// A `Scalar`, int, float or bool, or the value of a 0-dim CPU tensor.
+        Number,
+        Ints,
+        Text,
+        ScalarType,
+        TpuDevice,
+        OtherDevice,
+    }
+
+    /// One argument of a native op, read by its schema.
+    struct Arg<'a> {
+        kind: ArgKind,
+        /// A number's value.
+        number: f64,
+        /// An integer or bool number exactly; a device's index (-1: none).
+        integer: i64,
+        /// A number's type (Bool, I64 or F64 for a Python number, the
+        /// tensor's for a 0-dim CPU tensor), or the dtype a ScalarType names.
+        dtype: Dtype,
+        tensor: TensorRef<'a>,
+        tensors: &'a [TensorRef<'a>],
+        ints: &'a [i64],
+        text: &'a str,
+        bytes: &'a [u8],
+    }
+
+    /// An op the Rust side implements: its overload name, the arguments
+    /// PyTorch's result type is computed over, and whether its tpu tensors
+    /// may be on different devices (`copy_`).
+    struct NativeOpSpec {
+        name: String,
+        promote: Vec<usize>,
+        any_devices: bool,
+    }
+
+    /// A new tensor a native op returns (undefined for a `None` result).
+    struct NewTensor {
+        defined: bool,
+        address: usize,
+        nbytes: usize,
+        device: usize,
+        dtype: Dtype,
+        sizes: Vec<i64>,
+    }
+
+    /// What a native op did: its new tensors (in-place and out= results
+    /// are the arguments themselves), its number result, that it declined
+    /// (the op's composite runs instead), a value to copy into CPU
+    /// argument 0 (`bytes`, shaped as `tensors[0]`), or the error to raise.
+    struct Outcome {
+        failure: Failure,
+        error: String,
+        declined: bool,
+        download: bool,
+        bytes: Vec<u8>,
+        tensors: Vec<NewTensor>,
+        has_number: bool,
+        number: f64,
+        integer: i64,
+        number_type: Dtype,
+    }
+
     /// A storage the allocator made: its address, or why not.
     struct Allocation {
         address: usize,
@@ -99,6 +172,14 @@ pub(crate) mod ffi {
         fn reset_memory_totals(device: i8);
         fn memory_info(device: i8) -> MemoryInfo;
 
+        fn native_ops() -> Vec<NativeOpSpec>;
+        fn run_native_op(
+            index: usize,
+            args: &[Arg],
+            promoted: Dtype,
+            default_float: Dtype,
+        ) -> Outcome;
+
         #[cxx_name = "binary"]
         fn native_binary(op: &str, a: &Operand, b: &Operand, alpha: f64, dtype: Dtype) -> Output;
 
@@ -131,6 +212,19 @@ pub(crate) mod ffi {
         fn current_device() -> i8;
         fn set_current_device(index: i8) -> Result<()>;
     }
+}
+
+fn native_ops() -> Vec<ffi::NativeOpSpec> {
+    crate::native_ops::specs()
+}
+
+fn run_native_op(
+    index: usize,
+    args: &[ffi::Arg<'_>],
+    promoted: ffi::Dtype,
+    default_float: ffi::Dtype,
+) -> ffi::Outcome {
+    crate::native_ops::run(index, args, promoted, default_float)
 }
 
 fn device_count() -> usize {

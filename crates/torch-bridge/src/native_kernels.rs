@@ -5,59 +5,15 @@
 
 use std::sync::Arc;
 
-use tpu_core::op::{Attrs, OpErrorKind};
+use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
 use crate::args::scalar;
 use crate::error::{BridgeError, Result};
 use crate::kernels::{broadcast, call1, cast};
 use crate::native::ffi;
-use crate::storage::{self, Layout, Storage};
-
-/// tpu-rs's dtype for one of torch's.
-pub fn dtype(d: ffi::Dtype) -> Result<DType> {
-    Ok(match d {
-        ffi::Dtype::Bool => DType::Bool,
-        ffi::Dtype::I8 => DType::I8,
-        ffi::Dtype::I16 => DType::I16,
-        ffi::Dtype::I32 => DType::I32,
-        ffi::Dtype::I64 => DType::I64,
-        ffi::Dtype::U8 => DType::U8,
-        ffi::Dtype::U32 => DType::U32,
-        ffi::Dtype::F16 => DType::F16,
-        ffi::Dtype::Bf16 => DType::BF16,
-        ffi::Dtype::F32 => DType::F32,
-        ffi::Dtype::F64 => DType::F64,
-        _ => return Err(BridgeError::internal("an unknown dtype code")),
-    })
-}
-
-fn layout(t: &ffi::TensorRef<'_>) -> Layout {
-    Layout {
-        size: t.sizes.iter().map(|&n| n as usize).collect(),
-        stride: t.strides.iter().map(|&n| n as usize).collect(),
-        offset: t.offset as usize,
-    }
-}
-
-/// The live storage a tpu tensor views.
-fn storage_of(t: &ffi::TensorRef<'_>) -> Result<Arc<Storage>> {
-    storage::find(t.address as u64)
-        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))
-}
-
-/// The value a tpu tensor operand holds.
-fn read(t: &ffi::TensorRef<'_>) -> Result<Tensor> {
-    let storage = storage_of(t)?;
-    let held = storage.dtype();
-    let want = dtype(t.dtype)?;
-    if want != held {
-        return Err(BridgeError::Unsupported(format!(
-            "a {want} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
-        )));
-    }
-    storage::read(&storage, &layout(t))
-}
+use crate::native_ops::{dtype, failure, layout, read, storage_of};
+use crate::storage::{self, Storage};
 
 /// An operand in `dtype` on `device`: a tensor cast to it, or a number made
 /// in it.
@@ -102,24 +58,12 @@ pub fn output(result: Result<Option<Arc<Storage>>>) -> ffi::Output {
             failure: ffi::Failure::None,
             error: String::new(),
         },
-        Err(e) => {
-            let failure = match &e {
-                _ if e.is_out_of_memory() => ffi::Failure::OutOfMemory,
-                BridgeError::Unsupported(_) => ffi::Failure::NotImplemented,
-                BridgeError::Core(core) => match core.op_error_kind() {
-                    Some(OpErrorKind::OutOfRange) => ffi::Failure::Index,
-                    Some(OpErrorKind::Unsupported) => ffi::Failure::NotImplemented,
-                    _ => ffi::Failure::Runtime,
-                },
-                _ => ffi::Failure::Runtime,
-            };
-            ffi::Output {
-                address: 0,
-                nbytes: 0,
-                failure,
-                error: e.to_string(),
-            }
-        }
+        Err(e) => ffi::Output {
+            address: 0,
+            nbytes: 0,
+            failure: failure(&e),
+            error: e.to_string(),
+        },
     }
 }
 

@@ -107,7 +107,7 @@ pub fn copy_into(dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()>
 }
 
 /// `value` on `tpu:device`, copied there from another device if need be.
-fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
+pub fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
     if value.device() == Device::Tpu(device) {
         return Ok(value);
     }
@@ -155,7 +155,6 @@ pub fn vjp<'py>(
     grads: &Bound<'py, PyList>,
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-    crate::replay::note_unreplayable("a backward rule runs");
     crate::profile::from_python(|| vjp_here(py, op, inputs, grads, attrs))
 }
 
@@ -168,40 +167,54 @@ fn vjp_here<'py>(
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
     let attrs = self::attrs(attrs)?;
     let (xs, device) = self::inputs(op, inputs, None, 0)?;
-    let def = registry()
-        .and_then(|r| r.get(op))
-        .map_err(BridgeError::from)?;
+    let mut gs = Vec::with_capacity(grads.len());
+    for g in grads.iter() {
+        gs.push(if g.is_none() {
+            None
+        } else {
+            Some(
+                tensors(std::slice::from_ref(&g), None, 0, Inputs::Op(op))?
+                    .0
+                    .remove(0),
+            )
+        });
+    }
+    vjp_values(op, xs, gs, attrs, device)?
+        .into_iter()
+        .map(|g| g.map(|v| wrap(py, v)).transpose())
+        .collect::<Result<Vec<_>>>()
+        .map_err(PyErr::from)
+}
+
+/// The gradients of op `op`'s inputs `xs` given its output gradients
+/// (`None` is zero), by the op's backward rule under the backward policy.
+pub fn vjp_values(
+    op: &str,
+    xs: Vec<Tensor>,
+    grads: Vec<Option<Tensor>>,
+    attrs: tpu_core::op::Attrs,
+    device: usize,
+) -> Result<Vec<Option<Tensor>>> {
+    crate::replay::note_unreplayable("a backward rule runs");
+    let def = registry().and_then(|r| r.get(op))?;
     let policy = crate::kernels::vjp_policy()?;
     let _scope = tpu_core::policy::EagerModeGuard::with_policy(policy.clone());
     let mut tape = GradTape::new();
     let vars: Vec<_> = xs.into_iter().map(|x| tape.input(x)).collect();
-    let outputs = tape
-        .op(op, &vars, attrs.clone())
-        .map_err(BridgeError::from)?;
+    let outputs = tape.op(op, &vars, attrs.clone())?;
     let mut gs = Vec::with_capacity(outputs.len());
-    let grads: Vec<Bound<'py, PyAny>> = grads.iter().collect();
     for (i, &o) in outputs.iter().enumerate() {
-        let ty = tape.value(o).map_err(BridgeError::from)?.ty().clone();
-        let g = match grads.get(i).filter(|g| !g.is_none()) {
-            Some(g) => tensors(std::slice::from_ref(g), None, 0, Inputs::Op(op))?
-                .0
-                .remove(0),
+        let ty = tape.value(o)?.ty().clone();
+        let g = match grads.get(i).cloned().flatten() {
+            Some(g) => g,
             None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, device)?,
         };
         gs.push(tape.input(g));
     }
-    let result = tape
-        .backward_rule(def, &attrs, &vars, &outputs, &gs)
-        .map_err(BridgeError::from)?;
-    policy
-        .flush(tpu_core::metrics::CutReason::Backward)
-        .map_err(BridgeError::from)?;
+    let result = tape.backward_rule(def, &attrs, &vars, &outputs, &gs)?;
+    policy.flush(tpu_core::metrics::CutReason::Backward)?;
     result
         .into_iter()
-        .map(|g| match g {
-            Some(v) => Ok(Some(wrap(py, tape.value(v)?.clone())?)),
-            None => Ok(None),
-        })
-        .collect::<Result<Vec<_>>>()
-        .map_err(PyErr::from)
+        .map(|g| g.map(|v| Ok(tape.value(v)?.clone())).transpose())
+        .collect()
 }

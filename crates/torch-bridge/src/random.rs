@@ -101,6 +101,28 @@ pub fn set_rng_state(device: usize, seed: u64, counter: u64) {
     *generators().of(device) = Generator { seed, counter };
 }
 
+/// Random op `op` (`uniform`, `normal`, `bernoulli`, with `attrs`) drawn
+/// in `shape` from a fresh key of `device`'s generator, in `dtype`.
+pub fn draw(
+    op: &str,
+    shape: &[usize],
+    dtype: DType,
+    mut attrs: tpu_core::op::Attrs,
+    device: usize,
+) -> Result<Tensor> {
+    crate::replay::note_unreplayable("random numbers are drawn");
+    attrs.set("shape", shape);
+    if op != "bernoulli" && dtype.is_float() {
+        attrs.set("dtype", dtype);
+    }
+    let key = next_key(device)?;
+    let value = call(op, &[key], &attrs, device)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BridgeError::internal(format!("`{op}` returned nothing")))?;
+    broadcast(cast(value, dtype)?, shape)
+}
+
 /// Fills tpu tensor `out` with random op `op` (`uniform`, `normal`,
 /// `bernoulli`): the op draws `out`'s shape from a fresh key and the result
 /// is cast to `out`'s dtype.
@@ -111,19 +133,14 @@ pub fn fill_random(
     out: &Bound<'_, PyAny>,
     attrs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
-    crate::replay::note_unreplayable("random numbers are drawn");
     let view = View::of(out)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
     let storage = &view.storage;
-    let mut attrs = self::attrs(attrs)?;
-    attrs.set("shape", view.layout.size.as_slice());
-    if op != "bernoulli" && storage.dtype().is_float() {
-        attrs.set("dtype", storage.dtype());
-    }
-    let key = next_key(storage.device())?;
-    let value = call(op, &[key], &attrs, storage.device())?
-        .into_iter()
-        .next()
-        .ok_or_else(|| BridgeError::internal(format!("`{op}` returned nothing")))?;
-    let value = broadcast(cast(value, storage.dtype())?, &view.layout.size)?;
+    let value = draw(
+        op,
+        &view.layout.size,
+        storage.dtype(),
+        self::attrs(attrs)?,
+        storage.device(),
+    )?;
     Ok(write(storage, &view.layout, value)?)
 }

@@ -196,6 +196,9 @@ pub fn empty<'py>(
     dtype: DType,
     device: usize,
 ) -> Result<Bound<'py, PyAny>> {
+    // Nothing is allocated yet, but without a device there is nothing to
+    // make: say why now, as CUDA does.
+    Runtime::global()?;
     let count = api(py)?.devices.len();
     if device >= count {
         return Err(tpu_core::Error::DeviceOutOfRange {

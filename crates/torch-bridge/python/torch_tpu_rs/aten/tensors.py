@@ -6,10 +6,11 @@ import math
 import torch
 
 from .. import _C, tpu
-from .elementwise import run
-from .registry import above_autograd, aten, raw, rebind
+from .registry import above_autograd, raw, rebind
 
-# Views (view, as_strided, ...) are C++ kernels: native/views.cc.
+# Views (view, as_strided, ...) are C++ kernels: native/views.cc; clone,
+# _to_copy, copy_, fill_, zero_ and _local_scalar_dense are native kernels
+# in src/native_ops/tensors.rs (copy_ below serves _copy_from).
 
 # Binding a storage: the CPU kernel does it without resizing, and tpu
 # storages keep the byte size they were made with.
@@ -83,48 +84,6 @@ def copy_(self, src, non_blocking=False):
     return self
 
 
-# clone and _to_copy are composites (an empty tensor, then copy_ into it):
-# a dense result on the same device is one op instead, and the rest (other
-# memory formats, other devices) runs the composite.
-_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
-
-
-def _dense(self, memory_format):
-    if memory_format is torch.contiguous_format:
-        return True
-    return memory_format in (None, torch.preserve_format) and self.is_contiguous()
-
-
-def _same_values(self, dtype):
-    """A new contiguous tensor with ``self``'s values in ``dtype``: a
-    reshape shares the (immutable) value, so it costs no program. With
-    shape buckets on, a padded tensor's copy stays padded."""
-    padded = _C.padded_copy(self, dtype)
-    if padded is not None:
-        return padded
-    if dtype == self.dtype:
-        return run("reshape", [self], {"shape": list(self.shape)})
-    return run("cast", [self], {"dtype": dtype})
-
-
-@raw("clone")
-def clone(self, *, memory_format=None):
-    if _dense(self, memory_format):
-        return _same_values(self, self.dtype)
-    return aten.clone.default.redispatch(_COMPOSITE, self, memory_format=memory_format)
-
-
-@raw("_to_copy")
-def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    here = device is None or (torch.device(device).type == "tpu" and _index(device) == self.device.index)
-    if here and layout in (None, torch.strided) and not pin_memory and _dense(self, memory_format):
-        return _same_values(self, self.dtype if dtype is None else dtype)
-    return aten._to_copy.default.redispatch(
-        _COMPOSITE, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
-        non_blocking=non_blocking, memory_format=memory_format,
-    )
-
-
 @raw("_copy_from")
 def _copy_from(self, dst, non_blocking=False):
     return copy_(dst, self, non_blocking)
@@ -135,23 +94,6 @@ def _copy_from_and_resize(self, dst):
     if dst.shape != self.shape:
         dst.resize_(self.shape)
     return copy_(dst, self)
-
-
-@raw("_local_scalar_dense")
-def _local_scalar_dense(self):
-    return _C.to_cpu(self).item()
-
-
-@raw("fill_.Scalar", "fill_.Tensor")
-def fill_(self, value):
-    _C.copy_into(self, value)
-    return self
-
-
-@raw("zero_")
-def zero_(self):
-    _C.copy_into(self, 0)
-    return self
 
 
 # `module.to("tpu")` swaps each parameter's data in place (`param.data =`)

@@ -1,0 +1,454 @@
+//! Elementwise kernels: unary math, powers, comparisons, selection and the
+//! fused multiply-adds optimizers run per parameter, each with PyTorch's
+//! type promotion and its in-place form.
+
+use tpu_core::op::Attrs;
+use tpu_core::{DType, Tensor};
+
+use super::{Call, Done, NativeOp, apply, apply_with, error, op};
+use crate::error::{BridgeError, Result};
+use crate::kernels::{cast, full};
+
+/// A value-computing kernel (the functional form of an op).
+type Compute = fn(&Call<'_>) -> Result<Tensor>;
+
+/// Registers `name` (a new tensor) and `inplace` (written into `self`).
+fn both(
+    ops: &mut Vec<NativeOp>,
+    name: &'static str,
+    inplace: &'static str,
+    promote: &'static [usize],
+    f: Compute,
+) {
+    ops.push(op(name, promote, move |c| Ok(Done::one(f(c)?))));
+    ops.push(op(inplace, promote, move |c| c.write(0, f(c)?)));
+}
+
+/// Unary ops with a float result (integers compute in the default dtype):
+/// aten name, its in-place name, the tpu-rs op.
+const FLOAT_UNARY: &[(&str, &str, &str)] = &[
+    ("exp", "exp_", "exp"),
+    ("log", "log_", "log"),
+    ("sqrt", "sqrt_", "sqrt"),
+    ("rsqrt", "rsqrt_", "rsqrt"),
+    ("sin", "sin_", "sin"),
+    ("cos", "cos_", "cos"),
+    ("tanh", "tanh_", "tanh"),
+    ("sigmoid", "sigmoid_", "sigmoid"),
+    ("erf", "erf_", "erf"),
+    ("reciprocal", "reciprocal_", "reciprocal"),
+    ("log1p", "log1p_", "log1p"),
+    ("expm1", "expm1_", "expm1"),
+];
+
+/// Unary ops that keep the dtype.
+const SAME_UNARY: &[(&str, &str, &str)] = &[
+    ("neg", "neg_", "neg"),
+    ("abs", "abs_", "abs"),
+    ("relu", "relu_", "relu"),
+];
+
+pub fn register(ops: &mut Vec<NativeOp>) {
+    for &(name, inplace, core) in FLOAT_UNARY {
+        let f = move |c: &Call<'_>| {
+            let d = float_or(c.dtype(0)?, c.default_float);
+            apply(core, &[cast(c.tensor(0)?, d)?])
+        };
+        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
+        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+    }
+    for &(name, inplace, core) in SAME_UNARY {
+        let f = move |c: &Call<'_>| {
+            let x = c.tensor(0)?;
+            match (core, x.dtype()) {
+                // Unsigned: abs is the value itself, neg wraps around.
+                ("abs", DType::U8 | DType::U32) => Ok(x),
+                ("neg", d @ (DType::U8 | DType::U32)) => apply("sub", &[c.constant(d, 0.0)?, x]),
+                _ => apply(core, &[x]),
+            }
+        };
+        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
+        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+    }
+    both(ops, "silu", "silu_", &[], |c| {
+        let x = float_input(c, "silu")?;
+        let d = x.dtype();
+        cast(apply("silu", &[cast(x, opmath(d))?])?, d)
+    });
+    both(ops, "pow.Tensor_Scalar", "pow_.Scalar", &[0, 1], pow_scalar);
+    ops.push(op("rsub.Tensor", &[0, 1], |c| Ok(Done::one(rsub(c)?))));
+    ops.push(op("rsub.Scalar", &[0, 1], |c| Ok(Done::one(rsub(c)?))));
+    for (name, inplace) in [
+        ("eq.Tensor", "eq_.Tensor"),
+        ("eq.Scalar", "eq_.Scalar"),
+        ("ne.Tensor", "ne_.Tensor"),
+        ("ne.Scalar", "ne_.Scalar"),
+        ("lt.Tensor", "lt_.Tensor"),
+        ("lt.Scalar", "lt_.Scalar"),
+        ("le.Tensor", "le_.Tensor"),
+        ("le.Scalar", "le_.Scalar"),
+        ("gt.Tensor", "gt_.Tensor"),
+        ("gt.Scalar", "gt_.Scalar"),
+        ("ge.Tensor", "ge_.Tensor"),
+        ("ge.Scalar", "ge_.Scalar"),
+        ("bitwise_and.Tensor", "bitwise_and_.Tensor"),
+        ("bitwise_and.Scalar", "bitwise_and_.Scalar"),
+        ("bitwise_or.Tensor", "bitwise_or_.Tensor"),
+        ("bitwise_or.Scalar", "bitwise_or_.Scalar"),
+        ("bitwise_xor.Tensor", "bitwise_xor_.Tensor"),
+        ("bitwise_xor.Scalar", "bitwise_xor_.Scalar"),
+        ("maximum", "maximum_"),
+        ("minimum", "minimum_"),
+    ] {
+        let core: &'static str = name.split('.').next().unwrap_or(name);
+        let f = move |c: &Call<'_>| {
+            let d = c.promoted()?;
+            apply(core, &[c.operand(0, d)?, c.operand(1, d)?])
+        };
+        ops.push(op(name, &[0, 1], move |c| Ok(Done::one(f(c)?))));
+        if !inplace.starts_with("maximum") && !inplace.starts_with("minimum") {
+            ops.push(op(inplace, &[0, 1], move |c| c.write(0, f(c)?)));
+        }
+    }
+    for (name, inplace) in [
+        ("logical_and", "logical_and_"),
+        ("logical_or", "logical_or_"),
+        ("logical_xor", "logical_xor_"),
+    ] {
+        let f = move |c: &Call<'_>| {
+            apply(
+                name,
+                &[c.operand(0, DType::Bool)?, c.operand(1, DType::Bool)?],
+            )
+        };
+        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
+        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+    }
+    ops.push(op("logical_not", &[], |c| {
+        Ok(Done::one(apply("logical_not", &[c.tensor(0)?])?))
+    }));
+    for name in ["isnan", "isinf"] {
+        ops.push(op(name, &[], move |c| {
+            let x = c.tensor(0)?;
+            if x.dtype().is_float() {
+                return Ok(Done::one(apply(name, &[x])?));
+            }
+            // Integers are never NaN or infinite.
+            Ok(Done::one(full(
+                DType::Bool,
+                x.shape().dims(),
+                0.0,
+                c.device()?,
+            )?))
+        }));
+    }
+    both(ops, "bitwise_not", "bitwise_not_", &[], bitwise_not);
+    ops.push(op("where.self", &[1, 2], |c| Ok(Done::one(select(c)?))));
+    both(
+        ops,
+        "masked_fill.Scalar",
+        "masked_fill_.Scalar",
+        &[],
+        masked_fill,
+    );
+    both(
+        ops,
+        "masked_fill.Tensor",
+        "masked_fill_.Tensor",
+        &[],
+        masked_fill,
+    );
+    both(ops, "lerp.Scalar", "lerp_.Scalar", &[], lerp);
+    both(ops, "lerp.Tensor", "lerp_.Tensor", &[], lerp);
+    both(ops, "addcmul", "addcmul_", &[0, 1, 2], addcmul);
+    both(ops, "addcdiv", "addcdiv_", &[0, 1, 2], addcdiv);
+    ops.push(op("tanh_backward", &[], |c| {
+        Ok(Done::one(tanh_backward(c)?))
+    }));
+    ops.push(op("sigmoid_backward", &[], |c| {
+        Ok(Done::one(sigmoid_backward(c)?))
+    }));
+    ops.push(op("threshold_backward", &[], |c| {
+        Ok(Done::one(threshold_backward(c)?))
+    }));
+    both(ops, "gelu", "gelu_", &[], gelu);
+    ops.push(op("gelu_backward", &[], |c| {
+        Ok(Done::one(gelu_backward(c)?))
+    }));
+}
+
+/// Tensor argument 0, which must be a float tensor (activations PyTorch
+/// does not define for integers).
+fn float_input(c: &Call<'_>, op: &str) -> Result<Tensor> {
+    let d = c.dtype(0)?;
+    if !d.is_float() {
+        return Err(BridgeError::Unsupported(format!(
+            "\"{op}\" is not implemented for {d} tensors"
+        )));
+    }
+    c.tensor(0)
+}
+
+/// `d`, or `default` when `d` is not a float (true division, `exp` of an
+/// integer).
+pub fn float_or(d: DType, default: DType) -> DType {
+    if d.is_float() { d } else { default }
+}
+
+/// `x ** e` by products, square roots and reciprocals for the exponents
+/// PyTorch's CPU kernel computes so (bit for bit as it does), else `pow`.
+fn pow_scalar(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.promoted()?;
+    let e = c.number(1)?;
+    let integer_exponent = c.dtype(1)? == DType::I64;
+    if integer_exponent && e < 0.0 && !d.is_float() && d != DType::Bool {
+        return Err(error(
+            "Integers to negative integer powers are not allowed.",
+        ));
+    }
+    let x = cast(c.tensor(0)?, d)?;
+    let mul = |a: &Tensor, b: &Tensor| apply("mul", &[a.clone(), b.clone()]);
+    let by_value = if c.dtype(1)? == DType::Bool {
+        None
+    } else if e == 2.0 {
+        Some(mul(&x, &x)?)
+    } else if e == 3.0 {
+        Some(mul(&mul(&x, &x)?, &x)?)
+    } else if !d.is_float() {
+        None
+    } else if e == 0.5 {
+        Some(apply("sqrt", std::slice::from_ref(&x))?)
+    } else if e == -0.5 {
+        Some(apply(
+            "reciprocal",
+            &[apply("sqrt", std::slice::from_ref(&x))?],
+        )?)
+    } else if e == -1.0 {
+        Some(apply("reciprocal", std::slice::from_ref(&x))?)
+    } else if e == -2.0 {
+        Some(apply("reciprocal", &[mul(&x, &x)?])?)
+    } else {
+        None
+    };
+    match by_value {
+        Some(v) => Ok(v),
+        None => apply("pow", &[x, c.operand(1, d)?]),
+    }
+}
+
+/// `other - alpha * self`.
+fn rsub(c: &Call<'_>) -> Result<Tensor> {
+    if c.dtype(0)? == DType::Bool || c.dtype(1)? == DType::Bool {
+        return Err(BridgeError::Unsupported(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying \
+             to invert a mask, use the `~` or `logical_not()` operator instead."
+                .into(),
+        ));
+    }
+    let d = c.promoted()?;
+    let alpha = if c.has(2) { c.number(2)? } else { 1.0 };
+    let mut x = c.operand(0, d)?;
+    if alpha != 1.0 {
+        x = apply("mul", &[x, c.constant(d, alpha)?])?;
+    }
+    apply("sub", &[c.operand(1, d)?, x])
+}
+
+/// `where(condition, self, other)` in their promoted dtype.
+fn select(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.promoted()?;
+    let condition = c.tensor(0)?;
+    apply("where", &[condition, c.operand(1, d)?, c.operand(2, d)?])
+}
+
+/// `self` with `value` where `mask` is set.
+fn masked_fill(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(0)?;
+    let mask = c.dtype(1)?;
+    if mask != DType::Bool {
+        return Err(error(format!(
+            "masked_fill_ only supports boolean masks, but got mask with dtype {mask}"
+        )));
+    }
+    if c.is_tensor(2) && !c.sizes(2)?.is_empty() {
+        return Err(error(format!(
+            "masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {} dimension(s).",
+            c.sizes(2)?.len()
+        )));
+    }
+    apply("where", &[c.tensor(1)?, c.operand(2, d)?, c.tensor(0)?])
+}
+
+/// `self + weight * (end - self)`, as PyTorch's CPU kernel computes it:
+/// from `end` when `|weight| >= 0.5`, which keeps `weight = 1` exact.
+fn lerp(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(0)?;
+    if !d.is_float() {
+        return Err(BridgeError::Unsupported(format!(
+            "lerp is not implemented for {d} tensors"
+        )));
+    }
+    for (i, what) in [(1, "end"), (2, "weight")] {
+        if c.is_tensor(i) && c.dtype(i)? != d {
+            return Err(error(format!(
+                "expected dtype {d} for `{what}` but got dtype {}",
+                c.dtype(i)?
+            )));
+        }
+    }
+    let m = opmath(d);
+    let x = cast(c.tensor(0)?, m)?;
+    let end = cast(c.tensor(1)?, m)?;
+    let diff = apply("sub", &[end.clone(), x.clone()])?;
+    let out = if !c.is_tensor(2) {
+        let w = c.number(2)?;
+        if w.abs() < 0.5 {
+            apply("add", &[x, apply("mul", &[c.constant(m, w)?, diff])?])?
+        } else {
+            apply(
+                "sub",
+                &[end, apply("mul", &[diff, c.constant(m, 1.0 - w)?])?],
+            )?
+        }
+    } else {
+        let w = cast(c.tensor(2)?, m)?;
+        let small = apply(
+            "lt",
+            &[apply("abs", std::slice::from_ref(&w))?, c.constant(m, 0.5)?],
+        )?;
+        let near_self = apply("add", &[x, apply("mul", &[w.clone(), diff.clone()])?])?;
+        let one_minus = apply("sub", &[c.constant(m, 1.0)?, w])?;
+        let near_end = apply("sub", &[end, apply("mul", &[diff, one_minus])?])?;
+        apply("where", &[small, near_self, near_end])?
+    };
+    cast(out, d)
+}
+
+/// The dtype PyTorch's CPU kernels compute a dtype's arithmetic in: f32
+/// for the half types (rounded once at the end), else the dtype itself.
+pub fn opmath(d: DType) -> DType {
+    if matches!(d, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        d
+    }
+}
+
+/// `self + value * t1 <op> t2`, evaluated left to right as the CPU does.
+fn fused(c: &Call<'_>, op: &str) -> Result<Tensor> {
+    let d = c.promoted()?;
+    let m = opmath(d);
+    let operand = |i: usize| cast(c.operand(i, d)?, m);
+    let value = if c.has(3) { c.number(3)? } else { 1.0 };
+    let mut t1 = operand(1)?;
+    if value != 1.0 {
+        t1 = apply("mul", &[c.constant(m, value)?, t1])?;
+    }
+    let term = apply(op, &[t1, operand(2)?])?;
+    cast(apply("add", &[operand(0)?, term])?, d)
+}
+
+fn addcmul(c: &Call<'_>) -> Result<Tensor> {
+    fused(c, "mul")
+}
+
+fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
+    if !c.dtype(1)?.is_float() && !c.dtype(2)?.is_float() {
+        return Err(error(
+            "Integer division with addcdiv is no longer supported, and in a future release \
+             addcdiv will perform a true division of tensor1 and tensor2. Use \
+             torch.floor_divide instead.",
+        ));
+    }
+    fused(c, "div")
+}
+
+/// `~x`: logical for bool, else `x ^ all-ones` (-1 in signed types, the
+/// maximum in unsigned ones).
+fn bitwise_not(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(0)?;
+    let x = c.tensor(0)?;
+    let ones = match d {
+        DType::Bool => return apply("logical_not", &[x]),
+        DType::U8 => f64::from(u8::MAX),
+        DType::U32 => f64::from(u32::MAX),
+        d if d.is_float() => {
+            return Err(BridgeError::Unsupported(format!(
+                "bitwise_not is not implemented for {d} tensors"
+            )));
+        }
+        _ => -1.0,
+    };
+    apply("bitwise_xor", &[x, c.constant(d, ones)?])
+}
+
+/// `grad * (1 - y * y)`.
+fn tanh_backward(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(1)?;
+    let m = opmath(d);
+    let y = cast(c.tensor(1)?, m)?;
+    let one_minus = apply(
+        "sub",
+        &[c.constant(m, 1.0)?, apply("mul", &[y.clone(), y])?],
+    )?;
+    cast(apply("mul", &[c.operand(0, m)?, one_minus])?, d)
+}
+
+/// `grad * (1 - y) * y`, in the CPU's order.
+fn sigmoid_backward(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(1)?;
+    let m = opmath(d);
+    let y = cast(c.tensor(1)?, m)?;
+    let one_minus = apply("sub", &[c.constant(m, 1.0)?, y.clone()])?;
+    cast(
+        apply("mul", &[apply("mul", &[c.operand(0, m)?, one_minus])?, y])?,
+        d,
+    )
+}
+
+/// `grad` where `self > threshold`, else 0.
+fn threshold_backward(c: &Call<'_>) -> Result<Tensor> {
+    let d = c.dtype(1)?;
+    let g = c.dtype(0)?;
+    let keep = apply("gt", &[c.tensor(1)?, c.operand(2, d)?])?;
+    apply("where", &[keep, c.tensor(0)?, c.constant(g, 0.0)?])
+}
+
+fn approximate(c: &Call<'_>, i: usize) -> Result<&'static str> {
+    match c.text(i)?.unwrap_or("none") {
+        "none" => Ok("none"),
+        "tanh" => Ok("tanh"),
+        other => Err(error(format!(
+            "approximate argument must be either none or tanh, got {other}"
+        ))),
+    }
+}
+
+/// GELU, computed in f32 for the half types as the CPU does.
+fn gelu(c: &Call<'_>) -> Result<Tensor> {
+    let how = approximate(c, 1)?;
+    let x = float_input(c, "gelu")?;
+    let d = x.dtype();
+    let out = apply_with(
+        "gelu",
+        &[cast(x, opmath(d))?],
+        Attrs::new().with("approximate", how),
+    )?;
+    cast(out, d)
+}
+
+/// GELU's backward rule, in f32 for the half types as the CPU does.
+fn gelu_backward(c: &Call<'_>) -> Result<Tensor> {
+    let how = approximate(c, 2)?;
+    let attrs = Attrs::new().with("approximate", how);
+    let d = c.dtype(1)?;
+    let m = opmath(d);
+    let (x, g) = (cast(c.tensor(1)?, m)?, cast(c.tensor(0)?, m)?);
+    let grads = crate::ops::vjp_values("gelu", vec![x], vec![Some(g)], attrs, c.device()?)?;
+    let grad = grads
+        .into_iter()
+        .next()
+        .flatten()
+        .ok_or_else(|| BridgeError::internal("gelu's backward rule gave no gradient"))?;
+    cast(grad, d)
+}

@@ -1,0 +1,641 @@
+//! Native aten kernels written in Rust. Each is a function of its
+//! arguments as the schema gives them ([`Call`]), registered for
+//! PrivateUse1 by one boxed C++ kernel (`native/boxed.cc`) that reads the
+//! dispatcher's stack, computes PyTorch's result type over the arguments a
+//! kernel names and pushes what the kernel returns ([`Done`]). No Python
+//! runs on this path; ops without a kernel here keep their Python one.
+
+mod elementwise;
+mod nn;
+mod reductions;
+mod tensors;
+
+use std::sync::{Arc, OnceLock};
+
+use tpu_core::op::{Attrs, OpErrorKind};
+use tpu_core::{DType, Tensor};
+
+use crate::args::scalar;
+use crate::error::{BridgeError, Result};
+use crate::kernels::{broadcast, call1, cast};
+use crate::native::ffi;
+use crate::storage::{self, Layout, Padded, Storage};
+use crate::torch::View;
+
+/// A kernel: what it does with one call's arguments.
+pub type Kernel = Box<dyn Fn(&Call<'_>) -> Result<Done> + Send + Sync>;
+
+/// An op with a native kernel.
+pub struct NativeOp {
+    /// Its overload name (`lerp_.Scalar`).
+    pub name: &'static str,
+    /// The arguments PyTorch's result type is computed over
+    /// ([`Call::promoted`]); empty when the kernel does not ask for it.
+    pub promote: &'static [usize],
+    /// Whether its tpu tensors may be on different devices.
+    pub any_devices: bool,
+    /// The kernel.
+    pub kernel: Kernel,
+}
+
+/// Shorthand for a table entry.
+pub fn op(
+    name: &'static str,
+    promote: &'static [usize],
+    kernel: impl Fn(&Call<'_>) -> Result<Done> + Send + Sync + 'static,
+) -> NativeOp {
+    NativeOp {
+        name,
+        promote,
+        any_devices: false,
+        kernel: Box::new(kernel),
+    }
+}
+
+/// A result value: a tensor, or one held padded to a shape bucket.
+pub enum Value {
+    /// A plain value.
+    Plain(Tensor),
+    /// A value padded along one dim ([`crate::buckets`]).
+    Padded(Padded),
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Value {
+        Value::Plain(t)
+    }
+}
+
+/// What a kernel did.
+pub enum Done {
+    /// New tensors, one per returned tensor that is not an argument
+    /// (`None`: an undefined tensor).
+    Values(Vec<Option<Value>>),
+    /// A number (`_local_scalar_dense`), read from a 0-dim value.
+    Number(Tensor),
+    /// It wrote its results into the arguments it returns.
+    Written,
+    /// It does not apply: the op's composite runs instead.
+    Declined,
+    /// A value for C++ to copy into CPU tensor argument 0.
+    Download(Tensor),
+}
+
+impl Done {
+    /// One new tensor.
+    pub fn one(value: impl Into<Value>) -> Done {
+        Done::Values(vec![Some(value.into())])
+    }
+}
+
+/// Every op with a native kernel, in the order C++ registers them.
+fn table() -> &'static [NativeOp] {
+    static TABLE: OnceLock<Vec<NativeOp>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut ops = Vec::new();
+        elementwise::register(&mut ops);
+        reductions::register(&mut ops);
+        nn::register(&mut ops);
+        tensors::register(&mut ops);
+        ops
+    })
+}
+
+/// The ops C++ registers, by index into the table.
+pub fn specs() -> Vec<ffi::NativeOpSpec> {
+    table()
+        .iter()
+        .map(|op| ffi::NativeOpSpec {
+            name: op.name.to_string(),
+            promote: op.promote.to_vec(),
+            any_devices: op.any_devices,
+        })
+        .collect()
+}
+
+/// The ops with a native kernel here.
+pub fn names() -> Vec<&'static str> {
+    table().iter().map(|op| op.name).collect()
+}
+
+/// Runs op `index` of the table on `args`.
+pub fn run(
+    index: usize,
+    args: &[ffi::Arg<'_>],
+    promoted: ffi::Dtype,
+    default_float: ffi::Dtype,
+) -> ffi::Outcome {
+    let Some(op) = table().get(index) else {
+        return failed(
+            BridgeError::internal(format!("no native op {index}")),
+            "?",
+            args,
+        );
+    };
+    let call = match (dtype(promoted), dtype(default_float)) {
+        (Ok(promoted), Ok(default_float)) => Call {
+            op: op.name,
+            args,
+            promoted: (!op.promote.is_empty()).then_some(promoted),
+            default_float,
+        },
+        (Err(e), _) | (_, Err(e)) => return failed(e, op.name, args),
+    };
+    match (op.kernel)(&call).and_then(outcome) {
+        Ok(out) => out,
+        Err(e) => failed(e, op.name, args),
+    }
+}
+
+fn outcome(done: Done) -> Result<ffi::Outcome> {
+    let mut out = ffi::Outcome {
+        failure: ffi::Failure::None,
+        error: String::new(),
+        declined: false,
+        download: false,
+        bytes: Vec::new(),
+        tensors: Vec::new(),
+        has_number: false,
+        number: 0.0,
+        integer: 0,
+        number_type: ffi::Dtype::F64,
+    };
+    match done {
+        Done::Values(values) => {
+            for value in values {
+                out.tensors.push(match value {
+                    Some(v) => new_tensor(v)?,
+                    None => ffi::NewTensor {
+                        defined: false,
+                        address: 0,
+                        nbytes: 0,
+                        device: 0,
+                        dtype: ffi::Dtype::F32,
+                        sizes: Vec::new(),
+                    },
+                });
+            }
+        }
+        Done::Number(value) => {
+            crate::replay::note_unreplayable("a value is read back to the host");
+            // The wait (a deferred graph's run) is the calling line's.
+            let host = crate::profile::from_python(|| value.to_host())?;
+            out.has_number = true;
+            out.number_type = code(host.dtype());
+            out.number = host.to_f64().iter().next().copied().unwrap_or(0.0);
+            out.integer = host.to_i64().iter().next().copied().unwrap_or(0);
+        }
+        Done::Written => {}
+        Done::Declined => out.declined = true,
+        Done::Download(value) => {
+            let host = crate::profile::from_python(|| crate::torch::host_copy(&value))?;
+            out.download = true;
+            out.bytes = host.bytes().to_vec();
+            out.tensors.push(ffi::NewTensor {
+                defined: false,
+                address: 0,
+                nbytes: 0,
+                device: 0,
+                dtype: code(host.dtype()),
+                sizes: host.shape().dims().iter().map(|&n| n as i64).collect(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn new_tensor(value: Value) -> Result<ffi::NewTensor> {
+    let (storage, sizes) = match value {
+        Value::Plain(t) => {
+            let sizes = t.shape().dims().to_vec();
+            (Storage::holding(t)?, sizes)
+        }
+        Value::Padded(p) => {
+            let sizes = p.shape();
+            (Storage::holding_padded(p)?, sizes)
+        }
+    };
+    crate::allocator::adopt(storage.clone());
+    Ok(ffi::NewTensor {
+        defined: true,
+        address: storage.address() as usize,
+        nbytes: storage.nbytes(),
+        device: storage.device(),
+        dtype: code(storage.dtype()),
+        sizes: sizes.iter().map(|&n| n as i64).collect(),
+    })
+}
+
+/// An error for C++ to raise, naming the op and its device, with the class
+/// PyTorch raises for its kind.
+fn failed(e: BridgeError, op: &str, args: &[ffi::Arg<'_>]) -> ffi::Outcome {
+    let device = args
+        .iter()
+        .find(|a| a.kind == ffi::ArgKind::Tensor)
+        .and_then(|a| storage::find(a.tensor.address as u64))
+        .map_or(0, |s| s.device());
+    let text = e.to_string();
+    let error = if text.starts_with("op `") {
+        text
+    } else {
+        format!("op `{op}` on tpu:{device}: {text}")
+    };
+    ffi::Outcome {
+        failure: failure(&e),
+        error,
+        declined: false,
+        download: false,
+        bytes: Vec::new(),
+        tensors: Vec::new(),
+        has_number: false,
+        number: 0.0,
+        integer: 0,
+        number_type: ffi::Dtype::F64,
+    }
+}
+
+/// PyTorch's exception class for an error.
+pub fn failure(e: &BridgeError) -> ffi::Failure {
+    match e {
+        _ if e.is_out_of_memory() => ffi::Failure::OutOfMemory,
+        BridgeError::Unsupported(_) => ffi::Failure::NotImplemented,
+        BridgeError::Index(_) => ffi::Failure::Index,
+        BridgeError::Core(core) => match core.op_error_kind() {
+            Some(OpErrorKind::OutOfRange) => ffi::Failure::Index,
+            Some(OpErrorKind::Unsupported) => ffi::Failure::NotImplemented,
+            _ => ffi::Failure::Runtime,
+        },
+        _ => ffi::Failure::Runtime,
+    }
+}
+
+/// tpu-rs's dtype for one of torch's.
+pub fn dtype(d: ffi::Dtype) -> Result<DType> {
+    Ok(match d {
+        ffi::Dtype::Bool => DType::Bool,
+        ffi::Dtype::I8 => DType::I8,
+        ffi::Dtype::I16 => DType::I16,
+        ffi::Dtype::I32 => DType::I32,
+        ffi::Dtype::I64 => DType::I64,
+        ffi::Dtype::U8 => DType::U8,
+        ffi::Dtype::U32 => DType::U32,
+        ffi::Dtype::F16 => DType::F16,
+        ffi::Dtype::Bf16 => DType::BF16,
+        ffi::Dtype::F32 => DType::F32,
+        ffi::Dtype::F64 => DType::F64,
+        _ => return Err(BridgeError::internal("an unknown dtype code")),
+    })
+}
+
+/// torch's code for a tpu-rs dtype (tpu storages hold only these).
+fn code(d: DType) -> ffi::Dtype {
+    match d {
+        DType::Bool => ffi::Dtype::Bool,
+        DType::I8 => ffi::Dtype::I8,
+        DType::I16 => ffi::Dtype::I16,
+        DType::I32 => ffi::Dtype::I32,
+        DType::I64 => ffi::Dtype::I64,
+        DType::U8 => ffi::Dtype::U8,
+        DType::U32 => ffi::Dtype::U32,
+        DType::F16 => ffi::Dtype::F16,
+        DType::BF16 => ffi::Dtype::Bf16,
+        DType::F64 => ffi::Dtype::F64,
+        _ => ffi::Dtype::F32,
+    }
+}
+
+/// A tensor's view of its storage.
+pub fn layout(t: &ffi::TensorRef<'_>) -> Layout {
+    Layout {
+        size: t.sizes.iter().map(|&n| n as usize).collect(),
+        stride: t.strides.iter().map(|&n| n as usize).collect(),
+        offset: t.offset as usize,
+    }
+}
+
+/// The live storage a tpu tensor views.
+pub fn storage_of(t: &ffi::TensorRef<'_>) -> Result<Arc<Storage>> {
+    storage::find(t.address as u64)
+        .ok_or_else(|| BridgeError::internal(format!("no live tpu storage at {:#x}", t.address)))
+}
+
+/// A tpu tensor as a [`View`].
+pub fn view(t: &ffi::TensorRef<'_>) -> Result<View> {
+    Ok(View {
+        storage: storage_of(t)?,
+        layout: layout(t),
+    })
+}
+
+/// The value a tpu tensor holds.
+pub fn read(t: &ffi::TensorRef<'_>) -> Result<Tensor> {
+    let storage = storage_of(t)?;
+    let held = storage.dtype();
+    let want = dtype(t.dtype)?;
+    if want != held {
+        return Err(BridgeError::Unsupported(format!(
+            "a {want} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
+        )));
+    }
+    storage::read(&storage, &layout(t))
+}
+
+/// Whether a value of `from` may be written into a tensor of `to` (PyTorch's
+/// `can_cast`: no float into an integer, nothing else into a bool).
+pub fn can_cast(from: DType, to: DType) -> bool {
+    if from.is_float() && !to.is_float() {
+        return false;
+    }
+    !(from != DType::Bool && to == DType::Bool)
+}
+
+/// One call's arguments, by schema position.
+pub struct Call<'a> {
+    /// The op's overload name.
+    pub op: &'static str,
+    args: &'a [ffi::Arg<'a>],
+    promoted: Option<DType>,
+    /// PyTorch's default float dtype.
+    pub default_float: DType,
+}
+
+impl<'a> Call<'a> {
+    fn arg(&self, i: usize) -> Result<&ffi::Arg<'a>> {
+        self.args
+            .get(i)
+            .ok_or_else(|| BridgeError::internal(format!("`{}` has no argument {i}", self.op)))
+    }
+
+    fn expected(&self, i: usize, what: &str) -> BridgeError {
+        BridgeError::internal(format!("`{}` argument {i} is not {what}", self.op))
+    }
+
+    /// Whether argument `i` is given (not None).
+    pub fn has(&self, i: usize) -> bool {
+        self.args
+            .get(i)
+            .is_some_and(|a| a.kind != ffi::ArgKind::Absent)
+    }
+
+    /// Whether argument `i` is a tpu tensor.
+    pub fn is_tensor(&self, i: usize) -> bool {
+        self.args
+            .get(i)
+            .is_some_and(|a| a.kind == ffi::ArgKind::Tensor)
+    }
+
+    /// Tpu tensor argument `i`.
+    pub fn tensor_ref(&self, i: usize) -> Result<&ffi::TensorRef<'a>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Tensor => Ok(&a.tensor),
+            ffi::ArgKind::HostTensor | ffi::ArgKind::OtherTensor => {
+                Err(BridgeError::Device(format!(
+                    "Expected all tensors to be on the same device, but found at least two devices, \
+                 tpu:{} and cpu!",
+                    self.device().unwrap_or(0)
+                )))
+            }
+            _ => Err(self.expected(i, "a tpu tensor")),
+        }
+    }
+
+    /// The sizes and strides of tensor argument `i` (tpu or CPU).
+    pub fn layout_of(&self, i: usize) -> Result<&ffi::TensorRef<'a>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Tensor | ffi::ArgKind::HostTensor => Ok(&a.tensor),
+            _ => Err(self.expected(i, "a tensor")),
+        }
+    }
+
+    /// The value of tpu tensor argument `i`.
+    pub fn tensor(&self, i: usize) -> Result<Tensor> {
+        read(self.tensor_ref(i)?)
+    }
+
+    /// The value of tensor argument `i` when given.
+    pub fn tensor_opt(&self, i: usize) -> Result<Option<Tensor>> {
+        if !self.has(i) {
+            return Ok(None);
+        }
+        self.tensor(i).map(Some)
+    }
+
+    /// Whether argument `i` is a CPU tensor of one or more dims.
+    pub fn is_host_tensor(&self, i: usize) -> bool {
+        self.args
+            .get(i)
+            .is_some_and(|a| a.kind == ffi::ArgKind::HostTensor)
+    }
+
+    /// CPU tensor argument `i` uploaded to the call's device.
+    pub fn upload(&self, i: usize, device: usize) -> Result<Tensor> {
+        let a = self.arg(i)?;
+        if a.kind != ffi::ArgKind::HostTensor {
+            return Err(self.expected(i, "a CPU tensor"));
+        }
+        let shape: Vec<usize> = a.tensor.sizes.iter().map(|&n| n as usize).collect();
+        let host =
+            tpu_core::HostBuffer::from_bytes(a.bytes.to_vec(), dtype(a.tensor.dtype)?, shape)?;
+        let runtime = tpu_core::Runtime::global()?;
+        Ok(Tensor::from_buffer(host.upload(runtime.client(), device)?))
+    }
+
+    /// Tpu tensor list argument `i`.
+    pub fn tensors(&self, i: usize) -> Result<&'a [ffi::TensorRef<'a>]> {
+        let a = self.arg(i)?;
+        if a.kind != ffi::ArgKind::Tensors {
+            return Err(self.expected(i, "a tensor list"));
+        }
+        Ok(a.tensors)
+    }
+
+    /// The dtype of argument `i`: a tensor's, or a number's type.
+    pub fn dtype(&self, i: usize) -> Result<DType> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Tensor | ffi::ArgKind::HostTensor => dtype(a.tensor.dtype),
+            ffi::ArgKind::Number => dtype(a.dtype),
+            _ => Err(self.expected(i, "a tensor or a number")),
+        }
+    }
+
+    /// The sizes of tpu tensor argument `i`.
+    pub fn sizes(&self, i: usize) -> Result<Vec<usize>> {
+        Ok(self
+            .tensor_ref(i)?
+            .sizes
+            .iter()
+            .map(|&n| n as usize)
+            .collect())
+    }
+
+    /// Number argument `i`.
+    pub fn number(&self, i: usize) -> Result<f64> {
+        let a = self.arg(i)?;
+        if a.kind != ffi::ArgKind::Number {
+            return Err(self.expected(i, "a number"));
+        }
+        Ok(a.number)
+    }
+
+    /// Integer (or bool) argument `i`.
+    pub fn int(&self, i: usize) -> Result<i64> {
+        let a = self.arg(i)?;
+        if a.kind != ffi::ArgKind::Number || a.dtype == ffi::Dtype::F64 {
+            return Err(self.expected(i, "an integer"));
+        }
+        Ok(a.integer)
+    }
+
+    /// Integer argument `i`, or `default` when it is None.
+    pub fn int_or(&self, i: usize, default: i64) -> Result<i64> {
+        if self.has(i) {
+            self.int(i)
+        } else {
+            Ok(default)
+        }
+    }
+
+    /// Bool argument `i`, or `default` when it is None.
+    pub fn flag_or(&self, i: usize, default: bool) -> Result<bool> {
+        Ok(self.int_or(i, i64::from(default))? != 0)
+    }
+
+    /// Integer list argument `i` (`None` when it is None).
+    pub fn ints(&self, i: usize) -> Result<Option<&'a [i64]>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Absent => Ok(None),
+            ffi::ArgKind::Ints => Ok(Some(a.ints)),
+            _ => Err(self.expected(i, "an integer list")),
+        }
+    }
+
+    /// A dims argument (one dim, or a list) as a list (`None` when None).
+    pub fn dims(&self, i: usize) -> Result<Option<Vec<i64>>> {
+        if self.arg(i)?.kind == ffi::ArgKind::Number {
+            return Ok(Some(vec![self.int(i)?]));
+        }
+        Ok(self.ints(i)?.map(<[i64]>::to_vec))
+    }
+
+    /// The dtype a ScalarType argument names (`None` when it is None).
+    pub fn scalar_type(&self, i: usize) -> Result<Option<DType>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Absent => Ok(None),
+            ffi::ArgKind::ScalarType => dtype(a.dtype).map(Some),
+            _ => Err(self.expected(i, "a dtype")),
+        }
+    }
+
+    /// String argument `i` (`None` when it is None).
+    pub fn text(&self, i: usize) -> Result<Option<&'a str>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Absent => Ok(None),
+            ffi::ArgKind::Text => Ok(Some(a.text)),
+            _ => Err(self.expected(i, "a string")),
+        }
+    }
+
+    /// Device argument `i`: `None` when None, `Some(None)` for another
+    /// device type, `Some(Some(index))` for tpu (index -1: the current one).
+    pub fn device_arg(&self, i: usize) -> Result<Option<Option<i64>>> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Absent => Ok(None),
+            ffi::ArgKind::TpuDevice => Ok(Some(Some(a.integer))),
+            ffi::ArgKind::OtherDevice => Ok(Some(None)),
+            _ => Err(self.expected(i, "a device")),
+        }
+    }
+
+    /// PyTorch's result type over the op's `promote` arguments.
+    pub fn promoted(&self) -> Result<DType> {
+        self.promoted
+            .ok_or_else(|| BridgeError::internal(format!("`{}` promotes no arguments", self.op)))
+    }
+
+    /// The device of the first tpu tensor argument (lists included).
+    pub fn device(&self) -> Result<usize> {
+        for a in self.args {
+            let t = match a.kind {
+                ffi::ArgKind::Tensor => &a.tensor,
+                ffi::ArgKind::Tensors if !a.tensors.is_empty() => &a.tensors[0],
+                _ => continue,
+            };
+            return Ok(storage_of(t)?.device());
+        }
+        Err(BridgeError::internal(format!(
+            "`{}` has no tpu tensor argument",
+            self.op
+        )))
+    }
+
+    /// Argument `i` in `dtype`: a tensor cast to it, or a number made in it
+    /// on the call's device.
+    pub fn operand(&self, i: usize, dtype: DType) -> Result<Tensor> {
+        let a = self.arg(i)?;
+        match a.kind {
+            ffi::ArgKind::Tensor | ffi::ArgKind::HostTensor | ffi::ArgKind::OtherTensor => {
+                cast(self.tensor(i)?, dtype)
+            }
+            ffi::ArgKind::Number => scalar(dtype, a.number, self.device()?),
+            _ => Err(self.expected(i, "a tensor or a number")),
+        }
+    }
+
+    /// A number in `dtype` on the call's device.
+    pub fn constant(&self, dtype: DType, value: f64) -> Result<Tensor> {
+        scalar(dtype, value, self.device()?)
+    }
+
+    /// Writes `value` into tpu tensor argument `i`, as an in-place op does:
+    /// its dtype must cast to the tensor's and its shape broadcast to it.
+    pub fn write(&self, i: usize, value: Tensor) -> Result<Done> {
+        let t = self.tensor_ref(i)?;
+        let target = storage_of(t)?;
+        let layout = layout(t);
+        if !can_cast(value.dtype(), target.dtype()) {
+            return Err(error(format!(
+                "result type {} can't be cast to the desired output type {}",
+                value.dtype(),
+                target.dtype()
+            )));
+        }
+        let shape = value.shape().dims().to_vec();
+        let fits = shape.len() <= layout.size.len()
+            && shape
+                .iter()
+                .rev()
+                .zip(layout.size.iter().rev())
+                .all(|(&v, &s)| v == s || v == 1);
+        if !fits {
+            return Err(error(format!(
+                "output with shape {:?} doesn't match the broadcast shape {shape:?}",
+                layout.size
+            )));
+        }
+        let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
+        storage::write(&target, &layout, value)?;
+        Ok(Done::Written)
+    }
+}
+
+/// `name(inputs)` with no attributes.
+pub fn apply(name: &str, inputs: &[Tensor]) -> Result<Tensor> {
+    call1(name, inputs, &Attrs::new())
+}
+
+/// `name(inputs)` with `attrs`.
+pub fn apply_with(name: &str, inputs: &[Tensor], attrs: Attrs) -> Result<Tensor> {
+    call1(name, inputs, &attrs)
+}
+
+/// A runtime error with PyTorch's message.
+pub fn error(message: impl Into<String>) -> BridgeError {
+    BridgeError::Invalid(message.into())
+}

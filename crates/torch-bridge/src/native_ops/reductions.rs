@@ -1,0 +1,106 @@
+//! Reductions and softmax, forward and backward.
+
+use tpu_core::Tensor;
+use tpu_core::op::Attrs;
+
+use super::{Call, Done, NativeOp, apply, apply_with, op};
+use crate::error::Result;
+use crate::kernels::cast;
+
+pub fn register(ops: &mut Vec<NativeOp>) {
+    // (overload, tpu-rs op, where its dims, keepdim and dtype arguments sit)
+    for (name, core, dims, keepdim, dtype) in [
+        ("sum.dim_IntList", "sum", Some(1), Some(2), Some(3)),
+        ("sum", "sum", None, None, Some(1)),
+        ("mean.dim", "mean", Some(1), Some(2), Some(3)),
+        ("mean", "mean", None, None, Some(1)),
+        ("amax", "max", Some(1), Some(2), None),
+        ("amin", "min", Some(1), Some(2), None),
+        ("max", "max", None, None, None),
+        ("min", "min", None, None, None),
+        ("all", "all", None, None, None),
+        ("all.dim", "all", Some(1), Some(2), None),
+        ("all.dims", "all", Some(1), Some(2), None),
+        ("any", "any", None, None, None),
+        ("any.dim", "any", Some(1), Some(2), None),
+        ("any.dims", "any", Some(1), Some(2), None),
+    ] {
+        ops.push(op(name, &[], move |c| {
+            let mut x = c.tensor(0)?;
+            if let Some(d) = dtype.map(|i| c.scalar_type(i)).transpose()?.flatten() {
+                x = cast(x, d)?;
+            }
+            let listed = dims.map(|i| c.dims(i)).transpose()?.flatten();
+            let keep = keepdim.map_or(Ok(false), |i| c.flag_or(i, false))?;
+            Ok(Done::one(reduce(core, x, listed, keep)?))
+        }));
+    }
+    for (name, core) in [("argmax", "argmax"), ("argmin", "argmin")] {
+        ops.push(op(name, &[], move |c| {
+            let mut attrs = Attrs::new().with("keepdim", c.flag_or(2, false)?);
+            if c.has(1) {
+                attrs.set("dim", c.int(1)?);
+            }
+            Ok(Done::one(apply_with(core, &[c.tensor(0)?], attrs)?))
+        }));
+    }
+    for (name, core) in [("_softmax", "softmax"), ("_log_softmax", "log_softmax")] {
+        ops.push(op(name, &[], move |c| {
+            let attrs = Attrs::new().with("dim", c.int(1)?);
+            let mut out = apply_with(core, &[c.tensor(0)?], attrs)?;
+            if c.flag_or(2, false)? && out.dtype().size_in_bytes() == 2 && out.dtype().is_float() {
+                out = cast(out, tpu_core::DType::F32)?;
+            }
+            Ok(Done::one(out))
+        }));
+    }
+    ops.push(op("_softmax_backward_data", &[], |c| {
+        // g * y - y * sum(g * y)
+        let (g, y) = in_opmath(c)?;
+        let gy = apply("mul", &[g, y.clone()])?;
+        let s = sum_keep(gy.clone(), c.int(2)?)?;
+        let out = apply("sub", &[gy, apply("mul", &[y, s])?])?;
+        Ok(Done::one(as_input_dtype(c, out)?))
+    }));
+    ops.push(op("_log_softmax_backward_data", &[], |c| {
+        // g - exp(y) * sum(g)
+        let (g, y) = in_opmath(c)?;
+        let s = sum_keep(g.clone(), c.int(2)?)?;
+        let out = apply("sub", &[g, apply("mul", &[apply("exp", &[y])?, s])?])?;
+        Ok(Done::one(as_input_dtype(c, out)?))
+    }));
+}
+
+/// `core` over `dims` (every dim when none are listed, as PyTorch reads an
+/// empty list for these ops).
+fn reduce(core: &str, x: Tensor, dims: Option<Vec<i64>>, keepdim: bool) -> Result<Tensor> {
+    let all: Vec<i64> = (0..x.shape().rank() as i64).collect();
+    let dims = match dims {
+        Some(d) if !d.is_empty() => d,
+        _ => all,
+    };
+    apply_with(
+        core,
+        &[x],
+        Attrs::new().with("dims", dims).with("keepdim", keepdim),
+    )
+}
+
+fn sum_keep(x: Tensor, dim: i64) -> Result<Tensor> {
+    reduce("sum", x, Some(vec![dim]), true)
+}
+
+/// A softmax backward's gradient and output, in the dtype the CPU computes
+/// them in (f32 for the half types).
+fn in_opmath(c: &Call<'_>) -> Result<(Tensor, Tensor)> {
+    let m = super::elementwise::opmath(c.dtype(1)?);
+    Ok((cast(c.tensor(0)?, m)?, cast(c.tensor(1)?, m)?))
+}
+
+/// A backward's result in its input's dtype (argument 3).
+fn as_input_dtype(c: &Call<'_>, out: Tensor) -> Result<Tensor> {
+    match c.scalar_type(3)? {
+        Some(d) => cast(out, d),
+        None => Ok(out),
+    }
+}

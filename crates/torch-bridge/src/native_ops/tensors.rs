@@ -1,0 +1,223 @@
+//! Copies, fills, reading one value, and joining and selecting along a
+//! dim.
+
+use tpu_core::op::Attrs;
+use tpu_core::policy::EagerMode;
+
+use super::{Call, Done, NativeOp, Value, apply_with, error, layout, op, read, view};
+use crate::error::{BridgeError, Result};
+use crate::kernels::{broadcast, cast};
+use crate::native::ffi;
+use crate::storage;
+
+/// c10::MemoryFormat's codes.
+const CONTIGUOUS_FORMAT: i64 = 0;
+const PRESERVE_FORMAT: i64 = 1;
+/// c10::Layout::Strided.
+const STRIDED: i64 = 0;
+
+pub fn register(ops: &mut Vec<NativeOp>) {
+    ops.push(op("clone", &[], |c| {
+        if !c.is_tensor(0) || !dense(c, 0, 1)? {
+            return Ok(Done::Declined);
+        }
+        same_values(c, c.dtype(0)?)
+    }));
+    ops.push(op("_to_copy", &[], to_copy));
+    ops.push(NativeOp {
+        any_devices: true,
+        ..op("copy_", &[], copy)
+    });
+    ops.push(op("fill_.Scalar", &[], fill));
+    ops.push(op("fill_.Tensor", &[], fill));
+    ops.push(op("zero_", &[], |c| {
+        let d = c.dtype(0)?;
+        store(c, c.constant(d, 0.0)?)
+    }));
+    ops.push(op("_local_scalar_dense", &[], |c| {
+        let n: usize = c.sizes(0)?.iter().product();
+        if n != 1 {
+            return Err(error(format!(
+                "a Tensor with {n} elements cannot be converted to Scalar"
+            )));
+        }
+        Ok(Done::Number(c.tensor(0)?))
+    }));
+    ops.push(op("index_select", &[], |c| {
+        let dim = c.int(1)?;
+        let (x, index) = (c.tensor(0)?, c.tensor(2)?);
+        check_bounds(c, &x, dim, &index)?;
+        let attrs = Attrs::new().with("dim", dim);
+        Ok(Done::one(apply_with("index_select", &[x, index], attrs)?))
+    }));
+    ops.push(op("cat", &[0], cat));
+}
+
+/// Whether tensor argument `i` with memory format argument `format` makes a
+/// dense copy: PyTorch's contiguous format, or preserving an already
+/// contiguous tensor.
+fn dense(c: &Call<'_>, i: usize, format: usize) -> Result<bool> {
+    let format = c.int_or(format, PRESERVE_FORMAT)?;
+    Ok(format == CONTIGUOUS_FORMAT || (format == PRESERVE_FORMAT && contiguous(c.layout_of(i)?)))
+}
+
+fn contiguous(t: &ffi::TensorRef<'_>) -> bool {
+    let mut expected = 1;
+    for (&size, &stride) in t.sizes.iter().zip(t.strides).rev() {
+        if size != 1 && stride != expected {
+            return false;
+        }
+        expected *= size;
+    }
+    true
+}
+
+/// A new contiguous tensor with argument 0's values in `dtype`: the value
+/// itself (values are immutable), padded alike when its storage is held
+/// padded to a shape bucket.
+fn same_values(c: &Call<'_>, dtype: tpu_core::DType) -> Result<Done> {
+    let v = view(c.tensor_ref(0)?)?;
+    if let Some(padded) = crate::buckets::padded_copy_of(&v, dtype)? {
+        return Ok(Done::one(Value::Padded(padded)));
+    }
+    Ok(Done::one(cast(c.tensor(0)?, dtype)?))
+}
+
+/// `_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+/// memory_format)`: a dense copy on the same device is one cast; anything
+/// else (another device, a memory format) runs PyTorch's composite.
+fn to_copy(c: &Call<'_>) -> Result<Done> {
+    let strided = c.int_or(2, STRIDED)? == STRIDED;
+    if !strided
+        || c.flag_or(4, false)?
+        || !(c.is_tensor(0) || c.is_host_tensor(0))
+        || !dense(c, 0, 6)?
+    {
+        return Ok(Done::Declined);
+    }
+    let to = match c.device_arg(3)? {
+        None if c.is_tensor(0) => c.device()?,
+        Some(Some(index)) if index < 0 => ffi::current_device().max(0) as usize,
+        Some(Some(index)) => index as usize,
+        _ => return Ok(Done::Declined),
+    };
+    let dtype = c.scalar_type(1)?.map_or_else(|| c.dtype(0), Ok)?;
+    if c.is_host_tensor(0) {
+        // An upload. Without a usable device the composite reports why, as
+        // `torch.empty` does.
+        if tpu_core::Runtime::global().is_err() || to >= crate::device::device_count() {
+            return Ok(Done::Declined);
+        }
+        return Ok(Done::one(cast(c.upload(0, to)?, dtype)?));
+    }
+    if to != c.device()? {
+        return Ok(Done::Declined);
+    }
+    same_values(c, dtype)
+}
+
+/// Writes `value` through argument 0 (cast to its dtype, broadcast to its
+/// shape), as `copy_` does.
+fn store(c: &Call<'_>, value: tpu_core::Tensor) -> Result<Done> {
+    let t = c.tensor_ref(0)?;
+    let target = super::storage_of(t)?;
+    let layout = layout(t);
+    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
+    storage::write(&target, &layout, value)?;
+    Ok(Done::Written)
+}
+
+/// `self.copy_(src)`: into a tpu tensor from a tpu tensor (any device), a
+/// CPU tensor or a number; into a CPU tensor from a tpu one.
+fn copy(c: &Call<'_>) -> Result<Done> {
+    if !c.is_tensor(0) {
+        return Ok(Done::Download(c.tensor(1)?));
+    }
+    let device = super::storage_of(c.tensor_ref(0)?)?.device();
+    let value = if c.is_host_tensor(1) {
+        c.upload(1, device)?
+    } else if c.is_tensor(1) {
+        crate::ops::on_device(c.tensor(1)?, device)?
+    } else {
+        c.operand(1, c.dtype(0)?)?
+    };
+    store(c, value)
+}
+
+fn fill(c: &Call<'_>) -> Result<Done> {
+    if c.is_tensor(1) && !c.sizes(1)?.is_empty() {
+        return Err(error(format!(
+            "fill_ only supports 0-dimension value tensor but got tensor with {} dimensions.",
+            c.sizes(1)?.len()
+        )));
+    }
+    let d = c.dtype(0)?;
+    store(c, c.operand(1, d)?)
+}
+
+/// `cat(tensors, dim)` in the tensors' promoted dtype; 1-D empty tensors
+/// are skipped, as PyTorch does. With shape buckets on, an append may go
+/// into a padded storage.
+fn cat(c: &Call<'_>) -> Result<Done> {
+    let all = c.tensors(0)?;
+    if all.is_empty() {
+        return Err(error("torch.cat(): expected a non-empty list of Tensors"));
+    }
+    let skipped = |t: &&ffi::TensorRef<'_>| t.sizes.len() == 1 && t.sizes[0] == 0;
+    let mut parts: Vec<&ffi::TensorRef<'_>> = all.iter().filter(|t| !skipped(t)).collect();
+    if parts.is_empty() {
+        parts.push(&all[0]);
+    }
+    let dtype = c.promoted()?;
+    let dim = c.int(1)?;
+    let views = parts.iter().map(|t| view(t)).collect::<Result<Vec<_>>>()?;
+    if let Some(padded) = crate::buckets::concat_views(&views, dim, dtype)? {
+        return Ok(Done::one(Value::Padded(padded)));
+    }
+    let values = parts
+        .iter()
+        .map(|t| cast(read(t)?, dtype))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Done::one(apply_with(
+        "concat",
+        &values,
+        Attrs::new().with("dim", dim),
+    )?))
+}
+
+/// Under Debug, an index outside the dimension is an `IndexError` naming
+/// the op, the index and the size. Strict and DeferAndFuse run
+/// asynchronously, as CUDA does, and do not read indices back.
+fn check_bounds(
+    c: &Call<'_>,
+    x: &tpu_core::Tensor,
+    dim: i64,
+    index: &tpu_core::Tensor,
+) -> Result<()> {
+    if crate::kernels::policy_name()? != EagerMode::Debug.name()
+        || index.shape().dims().contains(&0)
+    {
+        return Ok(());
+    }
+    let dims = x.shape().dims();
+    let d = if dim < 0 {
+        dim + dims.len() as i64
+    } else {
+        dim
+    };
+    let size = if dims.is_empty() {
+        1
+    } else {
+        dims.get(d as usize).copied().unwrap_or(1)
+    } as i64;
+    let host = index.to_host()?.to_i64();
+    let bad = host.iter().copied().find(|&i| i < 0 || i >= size);
+    match bad {
+        None => Ok(()),
+        Some(i) => Err(BridgeError::Index(format!(
+            "aten::{}: index {i} is out of bounds for dimension {dim} with size {size} (tpu:{})",
+            c.op,
+            c.device()?
+        ))),
+    }
+}
