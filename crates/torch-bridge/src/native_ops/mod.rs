@@ -148,18 +148,7 @@ pub fn run(
 }
 
 fn outcome(done: Done) -> Result<ffi::Outcome> {
-    let mut out = ffi::Outcome {
-        failure: ffi::Failure::None,
-        error: String::new(),
-        declined: false,
-        download: false,
-        bytes: Vec::new(),
-        tensors: Vec::new(),
-        has_number: false,
-        number: 0.0,
-        integer: 0,
-        number_type: ffi::Dtype::F64,
-    };
+    let mut out = nothing_done();
     match done {
         Done::Values(values) => {
             for value in values {
@@ -243,6 +232,15 @@ fn failed(e: BridgeError, op: &str, args: &[ffi::Arg<'_>]) -> ffi::Outcome {
     ffi::Outcome {
         failure: failure(&e),
         error,
+        ..nothing_done()
+    }
+}
+
+/// An outcome with nothing in it yet.
+fn nothing_done() -> ffi::Outcome {
+    ffi::Outcome {
+        failure: ffi::Failure::None,
+        error: String::new(),
         declined: false,
         download: false,
         bytes: Vec::new(),
@@ -366,6 +364,15 @@ impl<'a> Call<'a> {
             .ok_or_else(|| BridgeError::internal(format!("`{}` has no argument {i}", self.op)))
     }
 
+    /// Argument `i`, which must be of `kind` (`what` names it).
+    fn arg_of(&self, i: usize, kind: ffi::ArgKind, what: &str) -> Result<&ffi::Arg<'a>> {
+        let a = self.arg(i)?;
+        if a.kind != kind {
+            return Err(self.expected(i, what));
+        }
+        Ok(a)
+    }
+
     fn expected(&self, i: usize, what: &str) -> BridgeError {
         BridgeError::internal(format!("`{}` argument {i} is not {what}", self.op))
     }
@@ -431,10 +438,7 @@ impl<'a> Call<'a> {
 
     /// CPU tensor argument `i` uploaded to the call's device.
     pub fn upload(&self, i: usize, device: usize) -> Result<Tensor> {
-        let a = self.arg(i)?;
-        if a.kind != ffi::ArgKind::HostTensor {
-            return Err(self.expected(i, "a CPU tensor"));
-        }
+        let a = self.arg_of(i, ffi::ArgKind::HostTensor, "a CPU tensor")?;
         let shape: Vec<usize> = a.tensor.sizes.iter().map(|&n| n as usize).collect();
         let host =
             tpu_core::HostBuffer::from_bytes(a.bytes.to_vec(), dtype(a.tensor.dtype)?, shape)?;
@@ -444,11 +448,9 @@ impl<'a> Call<'a> {
 
     /// Tpu tensor list argument `i`.
     pub fn tensors(&self, i: usize) -> Result<&'a [ffi::TensorRef<'a>]> {
-        let a = self.arg(i)?;
-        if a.kind != ffi::ArgKind::Tensors {
-            return Err(self.expected(i, "a tensor list"));
-        }
-        Ok(a.tensors)
+        Ok(self
+            .arg_of(i, ffi::ArgKind::Tensors, "a tensor list")?
+            .tensors)
     }
 
     /// The dtype of argument `i`: a tensor's, or a number's type.
@@ -473,11 +475,7 @@ impl<'a> Call<'a> {
 
     /// Number argument `i`.
     pub fn number(&self, i: usize) -> Result<f64> {
-        let a = self.arg(i)?;
-        if a.kind != ffi::ArgKind::Number {
-            return Err(self.expected(i, "a number"));
-        }
-        Ok(a.number)
+        Ok(self.arg_of(i, ffi::ArgKind::Number, "a number")?.number)
     }
 
     /// Integer (or bool) argument `i`.
