@@ -274,8 +274,10 @@ class NativeOp final : public c10::OperatorKernel {
           continue;
         }
         const std::vector<int64_t> sizes(t.sizes.begin(), t.sizes.end());
+        const std::vector<int64_t> strides(t.strides.begin(), t.strides.end());
         results.emplace_back(adopt(t.address, t.nbytes, scalar_type(t.dtype),
-                                   sizes, static_cast<c10::DeviceIndex>(t.device)));
+                                   sizes, static_cast<c10::DeviceIndex>(t.device),
+                                   strides));
       } else {
         TORCH_CHECK(out.has_number, "internal error: op `", name_,
                     "` returned no number");

@@ -73,14 +73,18 @@ void raise(Failure failure, const rust::String& error) {
 
 at::Tensor adopt(std::uintptr_t address, std::size_t nbytes,
                  c10::ScalarType dtype, c10::IntArrayRef sizes,
-                 c10::DeviceIndex device) {
+                 c10::DeviceIndex device, c10::IntArrayRef strides) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        adopted_data(address, device), tpu_allocator(),
                        /*resizable=*/true);
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
       c10::scalarTypeToTypeMeta(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  if (strides.empty()) {
+    t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  } else {
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  }
   return t;
 }
 

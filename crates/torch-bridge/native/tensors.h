@@ -29,10 +29,10 @@ TensorRef tensor_ref(const at::Tensor& t, const char* op);
 // Raises `message` with PyTorch's class for `failure` (nothing for None).
 void raise(Failure failure, const rust::String& message);
 
-// A new tpu tensor of `sizes` owning the storage the Rust side made at
-// `address`.
+// A new tpu tensor of `sizes` (contiguous, or with `strides` when given)
+// owning the storage the Rust side made at `address`.
 at::Tensor adopt(std::uintptr_t address, std::size_t nbytes,
                  c10::ScalarType dtype, c10::IntArrayRef sizes,
-                 c10::DeviceIndex device);
+                 c10::DeviceIndex device, c10::IntArrayRef strides = {});
 
 }  // namespace tpu_bridge

@@ -22,16 +22,24 @@ fn owned_map() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Arc<Storage
 /// A storage of `nbytes` untyped bytes on `tpu:device`, unwritten; its
 /// address.
 pub fn allocate(nbytes: usize, device: usize) -> Result<u64> {
+    check_device(device)?;
+    let storage = Storage::empty(DType::U8, nbytes, device)?;
+    let address = storage.address();
+    adopt(storage);
+    Ok(address)
+}
+
+/// An error unless `tpu:device` exists: the plugin's reason when the
+/// runtime cannot start, else the index against the device count.
+pub fn check_device(device: usize) -> Result<()> {
+    tpu_core::Runtime::global()?;
     let count = crate::device::device_count();
     if device >= count {
         return Err(BridgeError::Device(format!(
             "tpu:{device} does not exist (device index {device} is out of range: this process sees {count} tpu device(s))"
         )));
     }
-    let storage = Storage::empty(DType::U8, nbytes, device)?;
-    let address = storage.address();
-    adopt(storage);
-    Ok(address)
+    Ok(())
 }
 
 /// Drops the allocator's hold on the storage at `address`.

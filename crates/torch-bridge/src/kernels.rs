@@ -5,6 +5,7 @@
 //! passes on its own threads, and they must record into the same deferred
 //! graph as the forward pass.
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 use tpu_core::op::Attrs;
@@ -93,9 +94,37 @@ pub fn synchronize() -> Result<()> {
     crate::writes::wait_for_all()
 }
 
+thread_local! {
+    /// Whether this thread is inside [`fused`].
+    static FUSING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`'s ops as one deferred graph under Strict too (the policy
+/// backward rules run under, [`vjp_policy`]), started when `f` returns: a
+/// native kernel made of many ops (a fused optimizer step) costs one
+/// program, not one per op. Other modes run `f` as they run any op.
+pub fn fused<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let policy = vjp_policy()?;
+    if FUSING.get() || Arc::ptr_eq(&policy, &current()?) {
+        // Deferred already (or Debug, which runs each op as it comes).
+        return f();
+    }
+    FUSING.set(true);
+    let result = f();
+    FUSING.set(false);
+    // A kernel's own end, as an explicit sync is the user's.
+    policy.flush(tpu_core::metrics::CutReason::Sync)?;
+    result
+}
+
 /// Calls op `name` under the bridge's policy.
 pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Result<Vec<Tensor>> {
-    let _scope = EagerModeGuard::with_policy(current()?);
+    let policy = if FUSING.get() {
+        vjp_policy()?
+    } else {
+        current()?
+    };
+    let _scope = EagerModeGuard::with_policy(policy);
     let outputs = crate::profile::from_python(|| {
         policy::call(name, inputs, attrs, Some(Device::Tpu(device)))
     })?;

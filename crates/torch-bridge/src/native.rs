@@ -108,7 +108,8 @@ pub(crate) mod ffi {
         any_devices: bool,
     }
 
-    /// A new tensor a native op returns (undefined for a `None` result).
+    /// A new tensor a native op returns (undefined for a `None` result);
+    /// contiguous unless `strides` are given.
     struct NewTensor {
         defined: bool,
         address: usize,
@@ -116,6 +117,7 @@ pub(crate) mod ffi {
         device: usize,
         dtype: Dtype,
         sizes: Vec<i64>,
+        strides: Vec<i64>,
     }
 
     /// What a native op did: its new tensors (in-place and out= results

@@ -17,7 +17,7 @@ from conftest import assert_close
 def test_device_queries():
     assert torch.tpu.is_available()
     assert torch.tpu.device_count() >= 1
-    assert isinstance(torch.tpu.get_device_name(), str)
+    assert torch.tpu.get_device_name() == "tpu-rs on cpu (XLA CPU PJRT plugin)"
     props = torch.tpu.get_device_properties(0)
     assert "via PJRT plugin" in props.description
     assert torch.device("tpu").type == "tpu"
@@ -124,6 +124,14 @@ def test_memory_counters_follow_tensors():
     assert torch.tpu.memory_allocated() < before + 256 * 256 * 4
 
 
+def test_autocast_defaults_to_bfloat16():
+    with torch.autocast("tpu"):
+        y = torch.ones(4, 8, device="tpu") @ torch.ones(8, 3, device="tpu")
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16 and y.dtype == torch.bfloat16
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert (torch.ones(2, 2, device="tpu") @ torch.ones(2, 2, device="tpu")).dtype == torch.float16
+
+
 def test_autocast_bf16():
     x, w = torch.randn(4, 8), torch.randn(8, 3)
     with torch.amp.autocast("tpu", dtype=torch.bfloat16):
@@ -167,7 +175,8 @@ def _without_device(plugin):
 def test_missing_plugin_is_a_clear_error():
     lines = _without_device("/nonexistent/plugin.so")
     assert lines[0] == "False 0"
-    assert lines[1].startswith("TpuError") and "/nonexistent/plugin.so" in lines[1]
+    # The first tensor made says why: a RuntimeError, as CUDA's without a GPU.
+    assert lines[1].startswith("RuntimeError") and "/nonexistent/plugin.so" in lines[1]
 
 
 def test_libtpu_without_a_tpu_is_a_clear_error():
@@ -175,4 +184,4 @@ def test_libtpu_without_a_tpu_is_a_clear_error():
         pytest.skip("libtpu is not installed (cargo xtask test installs it)")
     lines = _without_device("tpu")
     assert lines[0] == "False 0"
-    assert lines[1].startswith("TpuError") and "no TPU found" in lines[1]
+    assert lines[1].startswith("RuntimeError") and "no TPU found" in lines[1]

@@ -13,7 +13,7 @@ SCRIPT = pathlib.Path(__file__).with_name("kernel_share.py")
 #: The largest share of aten calls on tpu that may reach a Python kernel.
 SHARE_BARS = {"forward": 0.05, "decode": 0.05}
 #: The most Python kernel calls one AdamW training step may make.
-STEP_BAR = 30
+STEP_BAR = 10
 
 
 def test_python_kernel_share_of_gpt2(tmp_path):
@@ -30,4 +30,4 @@ def test_python_kernel_share_of_gpt2(tmp_path):
     step = sum(results["training step"]["python"].values())
     assert 0 < step <= STEP_BAR, f"a training step made {step} Python kernel calls (bar {STEP_BAR})"
     # Counting works: ops without a native kernel are counted by name.
-    assert results["decode"]["python"].get("scaled_dot_product_attention", 0) > 0
+    assert results["decode"]["python"].get("arange", 0) > 0

@@ -299,3 +299,36 @@ def test_index_select_out_of_range_raises_under_debug():
             torch.index_select(x, 0, torch.tensor([0, 5], device="tpu"))
     finally:
         torch_tpu_rs._C.set_eager_mode(previous)
+
+
+def test_empty_tensors_and_triangles():
+    e = torch.empty(2, 3, dtype=torch.int32, device="tpu")
+    assert e.shape == (2, 3) and e.dtype == torch.int32 and e.device == torch.device("tpu:0") and e.is_contiguous()
+    assert torch.empty(4, device="tpu").dtype == torch.get_default_dtype()
+    s = torch.empty_strided((2, 3), (1, 2), device="tpu")
+    assert s.stride() == (1, 2) and s.untyped_storage().nbytes() == 6 * 4
+    s.copy_(torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(s.cpu(), torch.arange(6.0).reshape(2, 3))
+    assert torch.zeros(0, 5, device="tpu").cpu().shape == (0, 5)
+    with pytest.raises(RuntimeError, match="negative dimension -1"):
+        torch.empty(2, -1, device="tpu")
+    with pytest.raises(RuntimeError, match="tpu:99 does not exist"):
+        torch.empty(2, device="tpu:99")
+    x = _values(torch.float32, (4, 5))
+    for k in (-1, 0, 2):
+        _check(lambda t: torch.tril(t, k), x)
+        _check(lambda t: torch.triu(t, k), x)
+
+
+def test_attention_takes_pytorchs_math_path_with_no_python_kernel():
+    q, k, v = (_values(torch.float32, (2, 3, 5, 4), seed=i) for i in range(3))
+    mask = torch.rand(5, 5) > 0.3
+    mask[0] = False  # a row with every key masked: zeros, not NaN
+    F = torch.nn.functional
+    _check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
+    _check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, k, v, mask)
+    _check(lambda a, b, c, m: torch.ops.aten._safe_softmax(a.masked_fill(~m, float("-inf")), -1), q, k, v, mask)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1") is False
+    with torch.tpu.set_shape_buckets("pow2"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1") is False

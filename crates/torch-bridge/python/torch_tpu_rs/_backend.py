@@ -51,6 +51,10 @@ def register():
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", tpu)
+    # Autocast on tpu computes in bfloat16 unless told otherwise (PyTorch's
+    # default for a new backend is float16). PyTorch keeps this per thread:
+    # it holds on the thread that imports torch; elsewhere pass `dtype=`.
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
     torch.Tensor.__reduce_ex__ = _reduce_ex(torch.Tensor.__reduce_ex__)
     torch.nn.Parameter.__reduce_ex__ = _reduce_ex(torch.nn.Parameter.__reduce_ex__)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)

@@ -183,9 +183,12 @@ def set_rng_state_all(states):
 
 
 def get_device_name(device=None):
-    """The platform's name for the device kind (e.g. ``cpu`` for the XLA CPU
-    plugin, ``TPU v5 lite`` on a TPU)."""
-    return _C.device_name(_index(device))
+    """The device kind as the platform names it (``TPU v5 lite``), and on
+    the XLA CPU plugin what it is: ``tpu-rs on cpu (XLA CPU PJRT plugin)``."""
+    name = _C.device_name(_index(device))
+    if _C.platform() == "cpu":
+        return f"tpu-rs on {name} (XLA CPU PJRT plugin)"
+    return name
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,7 @@ class _BucketScope(contextlib.AbstractContextManager):
         self._previous = previous
 
     def __exit__(self, *exc):
-        _C.set_shape_buckets(",".join(map(str, self._previous)) or "off")
+        _set_buckets(",".join(map(str, self._previous)) or "off")
         return False
 
 
@@ -347,8 +350,15 @@ def set_shape_buckets(buckets):
     else:
         spec = ",".join(str(b) for b in _bucket_sizes(buckets)) or "off"
     previous = _C.shape_buckets()
-    _C.set_shape_buckets(spec)
+    _set_buckets(spec)
     return _BucketScope(previous)
+
+
+def _set_buckets(spec):
+    from .aten import nn
+
+    _C.set_shape_buckets(spec)
+    nn.route_attention(bool(_C.shape_buckets()))
 
 
 def _bucket_sizes(buckets):

@@ -7,6 +7,7 @@
 
 mod elementwise;
 mod nn;
+mod optim;
 mod reductions;
 mod tensors;
 
@@ -58,6 +59,12 @@ pub enum Value {
     Plain(Tensor),
     /// A value padded along one dim ([`crate::buckets`]).
     Padded(Padded),
+    /// A new, unwritten storage viewed with `sizes` and `strides`.
+    Unwritten {
+        storage: Arc<Storage>,
+        sizes: Vec<usize>,
+        strides: Vec<usize>,
+    },
 }
 
 impl From<Tensor> for Value {
@@ -73,6 +80,8 @@ pub enum Done {
     Values(Vec<Option<Value>>),
     /// A number (`_local_scalar_dense`), read from a 0-dim value.
     Number(Tensor),
+    /// An integer result known without the device.
+    Integer(i64),
     /// It wrote its results into the arguments it returns.
     Written,
     /// It does not apply: the op's composite runs instead.
@@ -96,6 +105,7 @@ fn table() -> &'static [NativeOp] {
         elementwise::register(&mut ops);
         reductions::register(&mut ops);
         nn::register(&mut ops);
+        optim::register(&mut ops);
         tensors::register(&mut ops);
         ops
     })
@@ -161,6 +171,7 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
                         device: 0,
                         dtype: ffi::Dtype::F32,
                         sizes: Vec::new(),
+                        strides: Vec::new(),
                     },
                 });
             }
@@ -173,6 +184,12 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
             out.number_type = code(host.dtype());
             out.number = host.to_f64().iter().next().copied().unwrap_or(0.0);
             out.integer = host.to_i64().iter().next().copied().unwrap_or(0);
+        }
+        Done::Integer(i) => {
+            out.has_number = true;
+            out.number_type = ffi::Dtype::I64;
+            out.integer = i;
+            out.number = i as f64;
         }
         Done::Written => {}
         Done::Declined => out.declined = true,
@@ -187,6 +204,7 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
                 device: 0,
                 dtype: code(host.dtype()),
                 sizes: host.shape().dims().iter().map(|&n| n as i64).collect(),
+                strides: Vec::new(),
             });
         }
     }
@@ -194,15 +212,20 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
 }
 
 fn new_tensor(value: Value) -> Result<ffi::NewTensor> {
-    let (storage, sizes) = match value {
+    let (storage, sizes, strides) = match value {
         Value::Plain(t) => {
             let sizes = t.shape().dims().to_vec();
-            (Storage::holding(t)?, sizes)
+            (Storage::holding(t)?, sizes, Vec::new())
         }
         Value::Padded(p) => {
             let sizes = p.shape();
-            (Storage::holding_padded(p)?, sizes)
+            (Storage::holding_padded(p)?, sizes, Vec::new())
         }
+        Value::Unwritten {
+            storage,
+            sizes,
+            strides,
+        } => (storage, sizes, strides),
     };
     crate::allocator::adopt(storage.clone());
     Ok(ffi::NewTensor {
@@ -212,6 +235,7 @@ fn new_tensor(value: Value) -> Result<ffi::NewTensor> {
         device: storage.device(),
         dtype: code(storage.dtype()),
         sizes: sizes.iter().map(|&n| n as i64).collect(),
+        strides: strides.iter().map(|&n| n as i64).collect(),
     })
 }
 
@@ -621,6 +645,15 @@ impl<'a> Call<'a> {
         storage::write(&target, &layout, value)?;
         Ok(Done::Written)
     }
+}
+
+/// Writes `value` through tpu tensor `t` (cast to its dtype, broadcast to
+/// its shape), as `copy_` does.
+pub fn store_into(t: &ffi::TensorRef<'_>, value: Tensor) -> Result<()> {
+    let target = storage_of(t)?;
+    let layout = layout(t);
+    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
+    storage::write(&target, &layout, value)
 }
 
 /// `name(inputs)` with no attributes.

@@ -20,6 +20,9 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         )?))
     }));
     ops.push(op("embedding_dense_backward", &[], embedding_backward));
+    // Attention takes PyTorch's math path (SDPBackend.math), in ops the
+    // device has.
+    ops.push(op("_fused_sdp_choice", &[], |_| Ok(Done::Integer(0))));
 }
 
 /// The dtype statistics are computed in: f64 for f64, else f32.

@@ -54,6 +54,23 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             Ok(Done::one(out))
         }));
     }
+    ops.push(op("_safe_softmax", &[], |c| {
+        // softmax, with rows that are entirely -inf giving 0, not NaN.
+        let mut x = c.tensor(0)?;
+        if let Some(d) = c.scalar_type(2)? {
+            x = cast(x, d)?;
+        }
+        let dim = c.int(1)?;
+        let out = apply_with(
+            "softmax",
+            std::slice::from_ref(&x),
+            Attrs::new().with("dim", dim),
+        )?;
+        let minus_inf = c.constant(x.dtype(), f64::NEG_INFINITY)?;
+        let masked = reduce("all", apply("eq", &[x, minus_inf])?, Some(vec![dim]), true)?;
+        let zero = c.constant(out.dtype(), 0.0)?;
+        Ok(Done::one(apply("where", &[masked, zero, out])?))
+    }));
     ops.push(op("_softmax_backward_data", &[], |c| {
         // g * y - y * sum(g * y)
         let (g, y) = in_opmath(c)?;
@@ -84,6 +101,11 @@ fn reduce(core: &str, x: Tensor, dims: Option<Vec<i64>>, keepdim: bool) -> Resul
         &[x],
         Attrs::new().with("dims", dims).with("keepdim", keepdim),
     )
+}
+
+/// Whether every element of `x` is true (a 0-dim bool).
+pub fn all_of(x: Tensor) -> Result<Tensor> {
+    reduce("all", x, None, false)
 }
 
 fn sum_keep(x: Tensor, dim: i64) -> Result<Tensor> {

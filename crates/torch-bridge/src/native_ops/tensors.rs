@@ -4,9 +4,9 @@
 use tpu_core::op::Attrs;
 use tpu_core::policy::EagerMode;
 
-use super::{Call, Done, NativeOp, Value, apply_with, error, layout, op, read, view};
+use super::{Call, Done, NativeOp, Value, apply_with, error, op, read, view};
 use crate::error::{BridgeError, Result};
-use crate::kernels::{broadcast, cast};
+use crate::kernels::cast;
 use crate::native::ffi;
 use crate::storage;
 
@@ -51,6 +51,28 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         Ok(Done::one(apply_with("index_select", &[x, index], attrs)?))
     }));
     ops.push(op("cat", &[0], cat));
+    ops.push(op("empty.memory_format", &[], |c| {
+        let sizes = sizes_arg(c, 0)?;
+        let strides = crate::storage::contiguous_strides(&sizes);
+        unwritten(c, sizes, strides, 1, 3)
+    }));
+    ops.push(op("empty_strided", &[], |c| {
+        let sizes = sizes_arg(c, 0)?;
+        let strides = c.ints(1)?.unwrap_or(&[]);
+        if strides.len() != sizes.len() || strides.iter().any(|&s| s < 0) {
+            return Err(error(format!(
+                "empty_strided: strides {strides:?} do not fit sizes {sizes:?}"
+            )));
+        }
+        let strides = strides.iter().map(|&s| s as usize).collect();
+        unwritten(c, sizes, strides, 2, 4)
+    }));
+    for (name, core) in [("tril", "tril"), ("triu", "triu")] {
+        ops.push(op(name, &[], move |c| {
+            let attrs = Attrs::new().with("diagonal", c.int_or(1, 0)?);
+            Ok(Done::one(apply_with(core, &[c.tensor(0)?], attrs)?))
+        }));
+    }
 }
 
 /// Whether tensor argument `i` with memory format argument `format` makes a
@@ -116,14 +138,54 @@ fn to_copy(c: &Call<'_>) -> Result<Done> {
     same_values(c, dtype)
 }
 
+/// A size list argument, checked as PyTorch's factories check it.
+fn sizes_arg(c: &Call<'_>, i: usize) -> Result<Vec<usize>> {
+    let sizes = c.ints(i)?.unwrap_or(&[]);
+    if let Some(&n) = sizes.iter().find(|&&n| n < 0) {
+        return Err(error(format!(
+            "Trying to create tensor with negative dimension {n}: {sizes:?}"
+        )));
+    }
+    Ok(sizes.iter().map(|&n| n as usize).collect())
+}
+
+/// `torch.empty`: a new storage, allocated when first written, viewed with
+/// `sizes` and `strides`; its dtype and device from arguments `dtype` and
+/// `device` (the default dtype, the current device).
+fn unwritten(
+    c: &Call<'_>,
+    sizes: Vec<usize>,
+    strides: Vec<usize>,
+    dtype: usize,
+    device: usize,
+) -> Result<Done> {
+    let dtype = c.scalar_type(dtype)?.unwrap_or(c.default_float);
+    let device = match c.device_arg(device)? {
+        Some(Some(index)) if index >= 0 => index as usize,
+        _ => ffi::current_device().max(0) as usize,
+    };
+    crate::allocator::check_device(device)?;
+    let numel = if sizes.contains(&0) {
+        0
+    } else {
+        1 + sizes
+            .iter()
+            .zip(&strides)
+            .map(|(&n, &s)| (n - 1) * s)
+            .sum::<usize>()
+    };
+    let storage = storage::Storage::empty(dtype, numel, device)?;
+    Ok(Done::one(Value::Unwritten {
+        storage,
+        sizes,
+        strides,
+    }))
+}
+
 /// Writes `value` through argument 0 (cast to its dtype, broadcast to its
 /// shape), as `copy_` does.
 fn store(c: &Call<'_>, value: tpu_core::Tensor) -> Result<Done> {
-    let t = c.tensor_ref(0)?;
-    let target = super::storage_of(t)?;
-    let layout = layout(t);
-    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
-    storage::write(&target, &layout, value)?;
+    super::store_into(c.tensor_ref(0)?, value)?;
     Ok(Done::Written)
 }
 

@@ -8,7 +8,7 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from .registry import _TYPE_NAMES, above_autograd, aten, kernel, raw
+from .registry import _TYPE_NAMES, above_autograd_while, aten, kernel, raw
 
 
 # ---- Matrix products. ----
@@ -746,7 +746,6 @@ def _fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     return 0  # SDPBackend.math
 
 
-@above_autograd("scaled_dot_product_attention")
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention``: PyTorch's own (its math path, in
     ops the device has), except for inference over a key and value held
@@ -968,3 +967,19 @@ def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_g = (grad_w * saved_v).sum(axes, keepdim=True) / saved_norms
     grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
     return grad_v, grad_g.reshape(saved_g.shape)
+
+
+_attention_lib = None
+
+
+def route_attention(buckets_on):
+    """Attention over a padded KV cache needs the kernel above only while
+    shape buckets are on; otherwise PyTorch's composite runs (its math
+    path, chosen by ``_fused_sdp_choice``) with no Python on its path."""
+    global _attention_lib
+    _attention_lib = above_autograd_while(
+        "scaled_dot_product_attention", _scaled_dot_product_attention, buckets_on, _attention_lib
+    )
+
+
+route_attention(bool(_C.shape_buckets()))

@@ -196,6 +196,20 @@ def above_autograd(name):
     return register
 
 
+def above_autograd_while(name, fn, on, lib):
+    """Registers ``fn`` as :func:`above_autograd` does while ``on`` holds,
+    in a library of its own (``lib``, ``None`` while unregistered), which it
+    returns: with it off, PyTorch's own kernel runs with no Python on its
+    path."""
+    if on and lib is None:
+        lib = torch.library.Library("aten", "IMPL")
+        lib.impl(name, _counted(name, fn), "AutogradPrivateUse1")
+    elif not on and lib is not None:
+        lib._destroy()
+        lib = None
+    return lib
+
+
 def _redispatching(names, keys):
     """Registers ``names`` as the same op run under ``keys`` instead."""
     for name in names:

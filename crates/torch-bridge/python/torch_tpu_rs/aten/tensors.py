@@ -8,9 +8,10 @@ import torch
 from .. import _C, tpu
 from .registry import above_autograd, raw, rebind
 
-# Views (view, as_strided, ...) are C++ kernels: native/views.cc; clone,
-# _to_copy, copy_, fill_, zero_ and _local_scalar_dense are native kernels
-# in src/native_ops/tensors.rs (copy_ below serves _copy_from).
+# Views (view, as_strided, ...) are C++ kernels: native/views.cc; empty,
+# empty_strided, clone, _to_copy, copy_, fill_, zero_ and
+# _local_scalar_dense are native kernels in src/native_ops/tensors.rs
+# (copy_ below serves _copy_from).
 
 # Binding a storage: the CPU kernel does it without resizing, and tpu
 # storages keep the byte size they were made with.
@@ -21,39 +22,9 @@ rebind(
 )
 
 
-def _storage_numel(size, stride):
-    if any(s == 0 for s in size):
-        return 0
-    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
-
-
-def _dtype(dtype):
-    return torch.get_default_dtype() if dtype is None else dtype
-
-
 def _index(device):
     index = None if device is None else torch.device(device).index
     return tpu.current_device() if index is None else index
-
-
-def _check_sizes(size):
-    for s in size:
-        if s < 0:
-            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {list(size)}")
-
-
-@raw("empty.memory_format")
-def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _check_sizes(size)
-    return _C.empty(list(size), _dtype(dtype), _index(device))
-
-
-@raw("empty_strided")
-def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    size, stride = list(size), list(stride)
-    _check_sizes(size)
-    base = _C.empty([_storage_numel(size, stride)], _dtype(dtype), _index(device))
-    return base.as_strided(size, stride)
 
 
 @raw("resize_")

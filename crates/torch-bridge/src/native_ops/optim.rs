@@ -1,0 +1,222 @@
+//! The fused optimizer and AMP kernels CUDA recipes call: `_fused_adam_`,
+//! `_fused_adamw_` (the default optimizer of Hugging Face's `Trainer`),
+//! and the loss-scale kernels behind `torch.amp.GradScaler`. Each runs as
+//! one deferred graph even under Strict ([`crate::kernels::fused`]).
+
+use tpu_core::{DType, Tensor};
+
+use super::elementwise::opmath;
+use super::{Call, Done, NativeOp, apply, error, op, read, store_into};
+use crate::error::Result;
+use crate::kernels::{cast, fused};
+use crate::native::ffi;
+
+pub fn register(ops: &mut Vec<NativeOp>) {
+    for (name, decoupled) in [
+        ("_fused_adam_", false),
+        ("_fused_adam_.tensor_lr", false),
+        ("_fused_adamw_", true),
+        ("_fused_adamw_.tensor_lr", true),
+    ] {
+        ops.push(op(name, &[], move |c| fused(|| adam(c, decoupled))));
+    }
+    ops.push(op("_amp_foreach_non_finite_check_and_unscale_", &[], |c| {
+        fused(|| unscale(c))
+    }));
+    ops.push(op("_amp_update_scale_", &[], |c| fused(|| update_scale(c))));
+}
+
+/// Adam's hyperparameters, as `_fused_adam(w)_` takes them.
+struct Adam {
+    beta1: f64,
+    beta2: f64,
+    weight_decay: f64,
+    eps: f64,
+    amsgrad: bool,
+    maximize: bool,
+}
+
+/// One Adam step over every parameter: arguments params, grads, exp_avgs,
+/// exp_avg_sqs, max_exp_avg_sqs, state_steps (already counted), lr (a
+/// number or a tensor), beta1, beta2, weight_decay, eps, amsgrad,
+/// maximize, grad_scale, found_inf. AdamW (`decoupled`) decays the
+/// parameter; Adam adds the decay to the gradient. With `grad_scale` the
+/// gradients are unscaled (and written back so); with `found_inf` set
+/// nothing changes, as on the CPU.
+fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
+    let hp = Adam {
+        beta1: c.number(7)?,
+        beta2: c.number(8)?,
+        weight_decay: c.number(9)?,
+        eps: c.number(10)?,
+        amsgrad: c.flag_or(11, false)?,
+        maximize: c.flag_or(12, false)?,
+    };
+    let (params, grads, avgs, sqs, maxes, steps) = (
+        c.tensors(0)?,
+        c.tensors(1)?,
+        c.tensors(2)?,
+        c.tensors(3)?,
+        c.tensors(4)?,
+        c.tensors(5)?,
+    );
+    let n = params.len();
+    if [grads.len(), avgs.len(), sqs.len(), steps.len()]
+        .iter()
+        .any(|&m| m != n)
+        || (hp.amsgrad && maxes.len() != n)
+    {
+        return Err(error(format!(
+            "{}: expected as many grads, exp_avgs, exp_avg_sqs and state_steps as params ({n})",
+            c.op
+        )));
+    }
+    let grad_scale = c.tensor_opt(13)?;
+    let found_inf = c.tensor_opt(14)?;
+    for i in 0..n {
+        let d = super::dtype(params[i].dtype)?;
+        let m = opmath(d);
+        let lr = if c.is_tensor(6) {
+            cast(c.tensor(6)?, m)?
+        } else {
+            c.constant(m, c.number(6)?)?
+        };
+        let k = |v: f64| c.constant(m, v);
+        let param = cast(read(&params[i])?, m)?;
+        let mut grad = cast(read(&grads[i])?, m)?;
+        let mut updates: Vec<(&ffi::TensorRef<'_>, Tensor)> = Vec::new();
+        if let Some(scale) = &grad_scale {
+            grad = apply("div", &[grad, cast(scale.clone(), m)?])?;
+            updates.push((&grads[i], grad.clone()));
+        }
+        if hp.maximize {
+            grad = apply("neg", &[grad])?;
+        }
+        let mut p = param.clone();
+        if hp.weight_decay != 0.0 {
+            if decoupled {
+                let decay = apply("mul", &[lr.clone(), k(hp.weight_decay)?])?;
+                p = apply("mul", &[p, apply("sub", &[k(1.0)?, decay])?])?;
+            } else {
+                grad = apply(
+                    "add",
+                    &[grad, apply("mul", &[param.clone(), k(hp.weight_decay)?])?],
+                )?;
+            }
+        }
+        let avg = cast(read(&avgs[i])?, m)?;
+        let avg = apply(
+            "add",
+            &[
+                apply("mul", &[avg, k(hp.beta1)?])?,
+                apply("mul", &[grad.clone(), k(1.0 - hp.beta1)?])?,
+            ],
+        )?;
+        let sq = cast(read(&sqs[i])?, m)?;
+        let grad_sq = apply("mul", &[grad.clone(), grad])?;
+        let sq = apply(
+            "add",
+            &[
+                apply("mul", &[sq, k(hp.beta2)?])?,
+                apply("mul", &[grad_sq, k(1.0 - hp.beta2)?])?,
+            ],
+        )?;
+        let step = cast(read(&steps[i])?, m)?;
+        let correction = |beta: f64| -> Result<Tensor> {
+            apply("sub", &[k(1.0)?, apply("pow", &[k(beta)?, step.clone()])?])
+        };
+        let step_size = apply("div", &[lr, correction(hp.beta1)?])?;
+        let correction2_sqrt = apply("sqrt", &[correction(hp.beta2)?])?;
+        let mut second = sq.clone();
+        if hp.amsgrad {
+            second = apply("maximum", &[cast(read(&maxes[i])?, m)?, sq.clone()])?;
+            updates.push((&maxes[i], second.clone()));
+        }
+        let denom = apply(
+            "add",
+            &[
+                apply("div", &[apply("sqrt", &[second])?, correction2_sqrt])?,
+                k(hp.eps)?,
+            ],
+        )?;
+        let delta = apply("div", &[apply("mul", &[step_size, avg.clone()])?, denom])?;
+        p = apply("sub", &[p, delta])?;
+        updates.push((&params[i], p));
+        updates.push((&avgs[i], avg));
+        updates.push((&sqs[i], sq));
+        for (target, value) in updates {
+            let value = unless_found_inf(value, target, found_inf.as_ref(), m)?;
+            store_into(target, value)?;
+        }
+    }
+    Ok(Done::Written)
+}
+
+/// `value`, or the target's current value where `found_inf` is set (a step
+/// with an overflowed gradient changes nothing).
+fn unless_found_inf(
+    value: Tensor,
+    target: &ffi::TensorRef<'_>,
+    found_inf: Option<&Tensor>,
+    m: DType,
+) -> Result<Tensor> {
+    let Some(found) = found_inf else {
+        return Ok(value);
+    };
+    let zero = crate::args::scalar(found.dtype(), 0.0, super::storage_of(target)?.device())?;
+    let skip = apply("ne", &[found.clone(), zero])?;
+    apply("where", &[skip, cast(read(target)?, m)?, value])
+}
+
+/// `_amp_foreach_non_finite_check_and_unscale_(grads, found_inf,
+/// inv_scale)`: each gradient times `inv_scale`, and `found_inf` set to 1
+/// when any gradient holds an inf or a NaN.
+fn unscale(c: &Call<'_>) -> Result<Done> {
+    let grads = c.tensors(0)?;
+    let found = c.tensor_ref(1)?;
+    let inv_scale = c.tensor(2)?;
+    let mut any = cast(read(found)?, DType::Bool)?;
+    for g in grads {
+        let value = read(g)?;
+        let m = opmath(value.dtype());
+        let scaled = apply(
+            "mul",
+            &[cast(value.clone(), m)?, cast(inv_scale.clone(), m)?],
+        )?;
+        let nan = apply("isnan", std::slice::from_ref(&value))?;
+        let bad = apply("logical_or", &[nan, apply("isinf", &[value])?])?;
+        let all_finite = super::reductions::all_of(apply("logical_not", &[bad])?)?;
+        any = apply("logical_or", &[any, apply("logical_not", &[all_finite])?])?;
+        store_into(g, scaled)?;
+    }
+    store_into(found, any)?;
+    Ok(Done::Written)
+}
+
+/// `_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor,
+/// backoff_factor, growth_interval)`: after an overflow the scale backs off
+/// and the tracker restarts; otherwise the tracker counts, and at the
+/// interval the scale grows and the tracker restarts.
+fn update_scale(c: &Call<'_>) -> Result<Done> {
+    let scale_ref = c.tensor_ref(0)?;
+    let tracker_ref = c.tensor_ref(1)?;
+    let scale = read(scale_ref)?;
+    let tracker = read(tracker_ref)?;
+    let found = c.tensor(2)?;
+    let (growth, backoff, interval) = (c.number(3)?, c.number(4)?, c.int(5)?);
+    let d = scale.dtype();
+    let t = tracker.dtype();
+    let overflow = apply("ne", &[found, c.constant(DType::F32, 0.0)?])?;
+    let counted = apply("add", &[tracker.clone(), c.constant(t, 1.0)?])?;
+    let grow = apply("ge", &[counted.clone(), c.constant(t, interval as f64)?])?;
+    let grown = apply("mul", &[scale.clone(), c.constant(d, growth)?])?;
+    let backed_off = apply("mul", &[scale.clone(), c.constant(d, backoff)?])?;
+    let kept_or_grown = apply("where", &[grow.clone(), grown, scale])?;
+    let new_scale = apply("where", &[overflow.clone(), backed_off, kept_or_grown])?;
+    let zero = c.constant(t, 0.0)?;
+    let restarted = apply("where", &[grow, zero.clone(), counted])?;
+    let new_tracker = apply("where", &[overflow, zero, restarted])?;
+    store_into(scale_ref, new_scale)?;
+    store_into(tracker_ref, new_tracker)?;
+    Ok(Done::Written)
+}

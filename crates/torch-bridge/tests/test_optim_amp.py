@@ -1,0 +1,117 @@
+"""Fused optimizers and the AMP loss scaler, as CUDA recipes use them, on
+tpu against the same recipe on PyTorch's CPU."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import assert_close
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _train(device, make_opt, steps=5, dtype=torch.float32):
+    model = _model().to(device=device, dtype=dtype)
+    opt = make_opt(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(4, 6, generator=g).to(device=device, dtype=dtype)
+        loss = model(x).float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, opt, losses
+
+
+OPTIMIZERS = {
+    "adamw fused": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=True),
+    "adamw fused amsgrad maximize": lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True, maximize=True, fused=True),
+    "adam fused weight decay": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.05, fused=True),
+    "adamw fused tensor lr": lambda p: torch.optim.AdamW(p, lr=torch.tensor(1e-2), fused=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fused_adam_steps_equal_the_cpu(mode, name):
+    cpu_model, cpu_opt, cpu_losses = _train("cpu", OPTIMIZERS[name])
+    tpu_model, tpu_opt, tpu_losses = _train("tpu", OPTIMIZERS[name])
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), atol=1e-6, rtol=1e-5)
+    for p, q in zip(tpu_model.parameters(), cpu_model.parameters()):
+        assert_close(p, q, atol=1e-6, rtol=1e-5)
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert_close(tpu_opt.state[p][key], cpu_opt.state[q][key], atol=1e-7, rtol=1e-5)
+
+
+def test_fused_adamw_on_bfloat16_parameters_matches_the_cpu():
+    make = lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True)
+    cpu_model, _, _ = _train("cpu", make, steps=3, dtype=torch.bfloat16)
+    tpu_model, _, _ = _train("tpu", make, steps=3, dtype=torch.bfloat16)
+    for p, q in zip(tpu_model.parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach())
+
+
+def _scaled_run(device, init_scale, steps=6):
+    model = _model().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device, init_scale=init_scale, growth_interval=2)
+    g = torch.Generator().manual_seed(2)
+    scales = []
+    for _ in range(steps):
+        x = torch.randn(4, 6, generator=g).to(device)
+        with torch.autocast(device, dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return model, scales
+
+
+@pytest.mark.parametrize("init_scale", [2.0**8, 2.0**70])
+def test_grad_scaler_with_float16_autocast_equals_the_cpu(init_scale):
+    """2**70 overflows float16 gradients: those steps are skipped and the
+    scale backs off, as on the CPU."""
+    cpu_model, cpu_scales = _scaled_run("cpu", init_scale)
+    tpu_model, tpu_scales = _scaled_run("tpu", init_scale)
+    assert tpu_scales == cpu_scales
+    for p, q in zip(tpu_model.parameters(), cpu_model.parameters()):
+        assert_close(p, q, atol=2e-3, rtol=2e-3)
+
+
+def test_unscale_flags_non_finite_gradients():
+    grads = [torch.tensor([1.0, 2.0]), torch.tensor([[4.0, float("inf")]]), torch.tensor([8.0])]
+    tpu = [g.to("tpu") for g in grads]
+    found = torch.zeros(1, device="tpu")
+    torch._amp_foreach_non_finite_check_and_unscale_(tpu, found, torch.full((1,), 0.5, device="tpu"))
+    assert found.item() == 1.0
+    for t, g in zip(tpu, grads):
+        assert torch.equal(t.cpu(), g * 0.5)
+    finite = [torch.tensor([1.0, 3.0], device="tpu")]
+    found.zero_()
+    torch._amp_foreach_non_finite_check_and_unscale_(finite, found, torch.full((1,), 2.0, device="tpu"))
+    assert found.item() == 0.0 and torch.equal(finite[0].cpu(), torch.tensor([2.0, 6.0]))
+
+
+def test_a_fused_step_is_one_program_under_strict():
+    model = _model().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    model(torch.ones(2, 6, device="tpu")).sum().backward()
+    with torch.tpu.set_eager_mode("strict"):
+        opt.step()  # compiles
+        torch.tpu.synchronize()
+        before = torch.tpu.metrics()["executions"]
+        opt.step()
+        torch.tpu.synchronize()
+        ran = torch.tpu.metrics()["executions"] - before
+    # The step counters' increment (an op of the optimizer's own) and the
+    # fused update of all six tensors.
+    assert ran <= 8, ran
+    state = copy.deepcopy(opt.state_dict())
+    assert state["state"][0]["step"].item() == 2
