@@ -124,6 +124,26 @@ def test_memory_counters_follow_tensors():
     assert torch.tpu.memory_allocated() < before + 256 * 256 * 4
 
 
+def test_timing_events_memory_summary_and_repeat_interleave():
+    start, end = torch.Event("tpu", enable_timing=True), torch.Event("tpu", enable_timing=True)
+    start.record()
+    x = torch.ones(256, 256, device="tpu")
+    for _ in range(5):
+        x = x @ x / 256
+    end.record()
+    end.synchronize()
+    assert 0 < start.elapsed_time(end) < 60_000
+    plain = torch.Event("tpu")
+    plain.record()
+    with pytest.raises(ValueError, match="enable_timing"):
+        plain.elapsed_time(end)
+    summary = torch.tpu.memory_summary()
+    assert "Allocated memory" in summary and "tpu:0" in summary
+    counts = torch.tensor([1, 0, 3])
+    got = torch.arange(3, device="tpu").repeat_interleave(counts.to("tpu"))
+    assert_close(got, torch.arange(3).repeat_interleave(counts))
+
+
 def test_autocast_defaults_to_bfloat16():
     with torch.autocast("tpu"):
         y = torch.ones(4, 8, device="tpu") @ torch.ones(8, 3, device="tpu")

@@ -13,7 +13,7 @@ SCRIPT = pathlib.Path(__file__).with_name("kernel_share.py")
 #: The largest share of aten calls on tpu that may reach a Python kernel.
 SHARE_BARS = {"forward": 0.05, "decode": 0.05}
 #: The most Python kernel calls one AdamW training step may make.
-STEP_BAR = 10
+STEP_BAR = 5
 
 
 def test_python_kernel_share_of_gpt2(tmp_path):

@@ -332,3 +332,24 @@ def test_attention_takes_pytorchs_math_path_with_no_python_kernel():
     with torch.tpu.set_shape_buckets("pow2"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1") is False
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_nll_loss_and_its_backward(reduction, weighted):
+    logits = _values(torch.float32, (6, 5))
+    target = torch.tensor([0, 4, 2, -100, 1, 2])
+    weight = torch.tensor([0.5, 1.0, 2.0, 1.5, 0.25]) if weighted else None
+    images = _values(torch.float32, (2, 5, 3, 3), seed=3)
+    pixels = torch.randint(0, 5, (2, 3, 3), generator=torch.Generator().manual_seed(4))
+
+    def loss(x, t, w):
+        x = x.detach().requires_grad_(True)
+        out = torch.nn.functional.cross_entropy(x, t, weight=w, reduction=reduction, ignore_index=-100)
+        (out * torch.linspace(0.5, 1.5, out.numel(), device=out.device).reshape(out.shape)).sum().backward()
+        return out, x.grad
+
+    _check(loss, logits, target, weight)
+    _check(loss, images, pixels, weight)
+    if weighted:
+        _check(loss, logits, target, weight[:3])  # PyTorch's error for a short weight

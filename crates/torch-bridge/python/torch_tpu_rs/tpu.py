@@ -30,6 +30,7 @@ __all__ = [
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
+    "memory_summary",
     "metrics",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
@@ -218,6 +219,33 @@ def memory_stats(device=None):
     device. Nothing is cached, so reserved, active and requested bytes equal
     allocated bytes."""
     return torch.accelerator.memory_stats(_index(device))
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A readable table of :func:`memory_stats` (as
+    ``torch.cuda.memory_summary``): bytes and buffers held now, at the peak,
+    and allocated and freed in all. ``abbreviated`` is accepted for
+    compatibility; the table is short either way."""
+    index = _index(device)
+    stats = memory_stats(index)
+    rows = [
+        ("Allocated memory", "allocated_bytes.all", _size),
+        ("Reserved memory", "reserved_bytes.all", _size),
+        ("Allocations", "allocation.all", str),
+    ]
+    head = f"{'Metric':<20}{'Cur Usage':>14}{'Peak Usage':>14}{'Tot Alloc':>14}{'Tot Freed':>14}"
+    lines = [f"tpu:{index} memory summary ({get_device_name(index)}); nothing is cached", head, "-" * len(head)]
+    for name, key, fmt in rows:
+        cells = (fmt(stats.get(f"{key}.{field}", 0)) for field in ("current", "peak", "allocated", "freed"))
+        lines.append(f"{name:<20}" + "".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines) + "\n"
 
 
 def memory_allocated(device=None):

@@ -1,4 +1,5 @@
-//! Layer norm, dropout and the embedding's backward.
+//! Layer norm, dropout, the embedding's backward and the negative
+//! log-likelihood loss.
 
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
@@ -20,6 +21,12 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         )?))
     }));
     ops.push(op("embedding_dense_backward", &[], embedding_backward));
+    for name in ["nll_loss_forward", "nll_loss2d_forward"] {
+        ops.push(op(name, &[], nll_loss));
+    }
+    for name in ["nll_loss_backward", "nll_loss2d_backward"] {
+        ops.push(op(name, &[], nll_loss_backward));
+    }
     // Attention takes PyTorch's math path (SDPBackend.math), in ops the
     // device has.
     ops.push(op("_fused_sdp_choice", &[], |_| Ok(Done::Integer(0))));
@@ -201,6 +208,154 @@ fn embedding_backward(c: &Call<'_>) -> Result<Done> {
         "index_add",
         &[zeros, flat, rows],
         Attrs::new().with("dim", 0i64),
+    )?;
+    Ok(Done::one(out))
+}
+
+/// PyTorch's reduction codes, as tpu-rs names them.
+fn reduction(code: i64) -> Result<&'static str> {
+    match code {
+        0 => Ok("none"),
+        1 => Ok("mean"),
+        2 => Ok("sum"),
+        other => Err(error(format!("{other} is not a valid value for reduction"))),
+    }
+}
+
+fn nll_attrs(c: &Call<'_>, reduction_at: usize) -> Result<Attrs> {
+    Ok(Attrs::new()
+        .with("reduction", reduction(c.int(reduction_at)?)?)
+        .with("ignore_index", c.int(reduction_at + 1)?))
+}
+
+/// The class dim, the targets with ignored ones at class 0 (as `dim`
+/// shaped for a gather), and each target's weight (0 where ignored).
+struct Picked {
+    dim: i64,
+    index: Tensor,
+    weights: Tensor,
+}
+
+fn picked(
+    c: &Call<'_>,
+    input: usize,
+    target: usize,
+    weight: usize,
+    ignore_index: i64,
+) -> Result<Picked> {
+    let rank = c.sizes(input)?.len();
+    let dim: i64 = if rank >= 2 { 1 } else { 0 };
+    let target = c.tensor(target)?;
+    let tshape = target.shape().dims().to_vec();
+    let t = target.dtype();
+    let keep = apply("ne", &[target.clone(), c.constant(t, ignore_index as f64)?])?;
+    let safe = apply("where", &[keep.clone(), target, c.constant(t, 0.0)?])?;
+    let n: usize = tshape.iter().product();
+    let reshape =
+        |x: Tensor, shape: &[usize]| apply_with("reshape", &[x], Attrs::new().with("shape", shape));
+    let weight = c.tensor(weight)?;
+    let per_target = apply_with(
+        "index_select",
+        &[weight.clone(), reshape(safe.clone(), &[n])?],
+        Attrs::new().with("dim", 0i64),
+    )?;
+    let per_target = reshape(per_target, &tshape)?;
+    let weights = apply("mul", &[per_target, cast(keep, weight.dtype())?])?;
+    let mut index_shape = tshape.clone();
+    index_shape.insert(dim as usize, 1);
+    Ok(Picked {
+        dim,
+        index: reshape(safe, &index_shape)?,
+        weights,
+    })
+}
+
+/// `nll_loss_forward(self, target, weight, reduction, ignore_index)`: the
+/// loss and the total weight of the targets counted.
+fn nll_loss(c: &Call<'_>) -> Result<Done> {
+    let input = c.tensor(0)?;
+    let d = input.dtype();
+    let ignore_index = c.int(4)?;
+    if !c.has(2) {
+        let target = c.tensor(1)?;
+        let out = apply_with("nll_loss", &[input, target.clone()], nll_attrs(c, 3)?)?;
+        let t = target.dtype();
+        let counted = apply("ne", &[target.clone(), c.constant(t, ignore_index as f64)?])?;
+        let dims: Vec<i64> = (0..target.shape().rank() as i64).collect();
+        let total = reduce("sum", cast(counted, d)?, &dims, false)?;
+        return Ok(Done::Values(vec![Some(out.into()), Some(total.into())]));
+    }
+    let sizes = c.sizes(0)?;
+    let classes = if sizes.len() > 1 {
+        sizes[1]
+    } else {
+        sizes.first().copied().unwrap_or(1)
+    };
+    let weight_len: usize = c.sizes(2)?.iter().product();
+    if weight_len != classes {
+        return Err(error(format!(
+            "weight tensor should be defined either for all {classes} classes or no classes but got weight \
+             tensor of shape: {:?}",
+            c.sizes(2)?
+        )));
+    }
+    let p = picked(c, 0, 1, 2, ignore_index)?;
+    let gathered = apply_with("gather", &[input, p.index], Attrs::new().with("dim", p.dim))?;
+    let tshape = p.weights.shape().dims().to_vec();
+    let gathered = apply_with(
+        "reshape",
+        &[gathered],
+        Attrs::new().with("shape", tshape.as_slice()),
+    )?;
+    let losses = apply(
+        "neg",
+        &[apply("mul", &[gathered, cast(p.weights.clone(), d)?])?],
+    )?;
+    let all: Vec<i64> = (0..tshape.len() as i64).collect();
+    let total = reduce("sum", cast(p.weights, d)?, &all, false)?;
+    let out = match reduction(c.int(3)?)? {
+        "none" => losses,
+        "sum" => reduce("sum", losses, &all, false)?,
+        _ => apply("div", &[reduce("sum", losses, &all, false)?, total.clone()])?,
+    };
+    Ok(Done::Values(vec![Some(out.into()), Some(total.into())]))
+}
+
+/// `nll_loss_backward(grad, self, target, weight, reduction, ignore_index,
+/// total_weight)`: minus the (weighted, scaled) gradient at each target's
+/// class, zero elsewhere.
+fn nll_loss_backward(c: &Call<'_>) -> Result<Done> {
+    let input = c.tensor(1)?;
+    let d = input.dtype();
+    if !c.has(3) {
+        let grads = crate::ops::vjp_values(
+            "nll_loss",
+            vec![input, c.tensor(2)?],
+            vec![Some(c.tensor(0)?)],
+            nll_attrs(c, 4)?,
+            c.device()?,
+        )?;
+        return Ok(Done::Values(vec![
+            grads.into_iter().next().flatten().map(Into::into),
+        ]));
+    }
+    let p = picked(c, 1, 2, 3, c.int(5)?)?;
+    let mut g = cast(c.tensor(0)?, d)?;
+    if reduction(c.int(4)?)? == "mean" {
+        g = apply("div", &[g, cast(c.tensor(6)?, d)?])?;
+    }
+    let scaled = apply("neg", &[apply("mul", &[cast(p.weights, d)?, g])?])?;
+    let index_shape = p.index.shape().dims().to_vec();
+    let scaled = apply_with(
+        "reshape",
+        &[scaled],
+        Attrs::new().with("shape", index_shape.as_slice()),
+    )?;
+    let zeros = full(d, input.shape().dims(), 0.0, c.device()?)?;
+    let out = apply_with(
+        "scatter_add",
+        &[zeros, p.index, scaled],
+        Attrs::new().with("dim", p.dim),
     )?;
     Ok(Done::one(out))
 }

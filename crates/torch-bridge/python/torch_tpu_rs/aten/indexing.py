@@ -131,6 +131,14 @@ def cat(tensors, dim=0):
     return run("concat", tensors, {"dim": dim}, dtype) if joined is None else joined
 
 
+@kernel("repeat_interleave.Tensor")
+def repeat_interleave(repeats, *, output_size=None):
+    """The indices ``i`` repeated ``repeats[i]`` times: the counts are read
+    on the host, since they decide the result's length."""
+    counts = _C.to_cpu(repeats)
+    return torch.repeat_interleave(counts, output_size=output_size).to(repeats.device)
+
+
 @kernel("stack")
 def stack(tensors, dim=0):
     return run("stack", list(tensors), {"dim": dim})
