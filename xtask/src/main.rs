@@ -40,6 +40,8 @@ const PYTHON_PACKAGES: &[&str] = &[
     "safetensors==0.8.0",
     "numpy==2.4.6",
     "transformers==5.24.0",
+    // Hugging Face's Trainer needs it.
+    "accelerate==1.16.0",
     "pytest==9.2.0",
     "maturin==1.16.0",
     // Bundle the libraries the wheel needs (Gloo's) into a manylinux wheel.
@@ -128,7 +130,7 @@ fn python_env() -> Result<(), String> {
     let ready = Command::new(&python)
         .args([
             "-c",
-            "import torch, safetensors, numpy, transformers, pytest, maturin, expecttest, timm, diffusers, auditwheel",
+            "import torch, safetensors, numpy, transformers, accelerate, pytest, maturin, expecttest, timm, diffusers, auditwheel",
         ])
         .output()
         .is_ok_and(|o| o.status.success());

@@ -155,7 +155,7 @@ pub fn vjp<'py>(
     grads: &Bound<'py, PyList>,
     attrs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-    crate::profile::from_python(|| vjp_here(py, op, inputs, grads, attrs))
+    vjp_here(py, op, inputs, grads, attrs)
 }
 
 fn vjp_here<'py>(
@@ -189,6 +189,17 @@ fn vjp_here<'py>(
 /// The gradients of op `op`'s inputs `xs` given its output gradients
 /// (`None` is zero), by the op's backward rule under the backward policy.
 pub fn vjp_values(
+    op: &str,
+    xs: Vec<Tensor>,
+    grads: Vec<Option<Tensor>>,
+    attrs: tpu_core::op::Attrs,
+    device: usize,
+) -> Result<Vec<Option<Tensor>>> {
+    // The rule's ops and its graph's cut are the calling Python line's.
+    crate::profile::from_python(|| vjp_attributed(op, xs, grads, attrs, device))
+}
+
+fn vjp_attributed(
     op: &str,
     xs: Vec<Tensor>,
     grads: Vec<Option<Tensor>>,

@@ -64,7 +64,10 @@ fn user_frame(dirs: &[String], mut frame: Bound<'_, PyAny>) -> Option<CallSite> 
 fn python_site(py: Python<'_>) -> Option<CallSite> {
     let dirs = library_dirs(py);
     let sys = py.import("sys").ok()?;
-    if let Some(site) = user_frame(dirs, sys.call_method1("_getframe", (0,)).ok()?) {
+    // A thread with no Python frames (an autograd worker running a native
+    // kernel) has none of its own: `_getframe` raises there.
+    let own = sys.call_method1("_getframe", (0,)).ok();
+    if let Some(site) = own.and_then(|frame| user_frame(dirs, frame)) {
         return Some(site);
     }
     let main = py
