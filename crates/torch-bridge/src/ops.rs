@@ -196,36 +196,28 @@ pub fn vjp_values(
     device: usize,
 ) -> Result<Vec<Option<Tensor>>> {
     // The rule's ops and its graph's cut are the calling Python line's.
-    crate::profile::from_python(|| vjp_attributed(op, xs, grads, attrs, device))
-}
-
-fn vjp_attributed(
-    op: &str,
-    xs: Vec<Tensor>,
-    grads: Vec<Option<Tensor>>,
-    attrs: tpu_core::op::Attrs,
-    device: usize,
-) -> Result<Vec<Option<Tensor>>> {
-    crate::replay::note_unreplayable("a backward rule runs");
-    let def = registry().and_then(|r| r.get(op))?;
-    let policy = crate::kernels::vjp_policy()?;
-    let _scope = tpu_core::policy::EagerModeGuard::with_policy(policy.clone());
-    let mut tape = GradTape::new();
-    let vars: Vec<_> = xs.into_iter().map(|x| tape.input(x)).collect();
-    let outputs = tape.op(op, &vars, attrs.clone())?;
-    let mut gs = Vec::with_capacity(outputs.len());
-    for (i, &o) in outputs.iter().enumerate() {
-        let ty = tape.value(o)?.ty().clone();
-        let g = match grads.get(i).cloned().flatten() {
-            Some(g) => g,
-            None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, device)?,
-        };
-        gs.push(tape.input(g));
-    }
-    let result = tape.backward_rule(def, &attrs, &vars, &outputs, &gs)?;
-    policy.flush(tpu_core::metrics::CutReason::Backward)?;
-    result
-        .into_iter()
-        .map(|g| g.map(|v| Ok(tape.value(v)?.clone())).transpose())
-        .collect()
+    crate::profile::from_python(|| {
+        crate::replay::note_unreplayable("a backward rule runs");
+        let def = registry().and_then(|r| r.get(op))?;
+        let policy = crate::kernels::vjp_policy()?;
+        let _scope = tpu_core::policy::EagerModeGuard::with_policy(policy.clone());
+        let mut tape = GradTape::new();
+        let vars: Vec<_> = xs.into_iter().map(|x| tape.input(x)).collect();
+        let outputs = tape.op(op, &vars, attrs.clone())?;
+        let mut gs = Vec::with_capacity(outputs.len());
+        for (i, &o) in outputs.iter().enumerate() {
+            let ty = tape.value(o)?.ty().clone();
+            let g = match grads.get(i).cloned().flatten() {
+                Some(g) => g,
+                None => crate::kernels::full(ty.dtype, ty.shape.dims(), 0.0, device)?,
+            };
+            gs.push(tape.input(g));
+        }
+        let result = tape.backward_rule(def, &attrs, &vars, &outputs, &gs)?;
+        policy.flush(tpu_core::metrics::CutReason::Backward)?;
+        result
+            .into_iter()
+            .map(|g| g.map(|v| Ok(tape.value(v)?.clone())).transpose())
+            .collect()
+    })
 }
