@@ -10,10 +10,10 @@ use tpu_core::{DType, Tensor};
 
 use crate::args::scalar;
 use crate::error::{BridgeError, Result};
-use crate::kernels::{broadcast, call1, cast};
+use crate::kernels::{call1, cast};
 use crate::native::ffi;
-use crate::native_ops::{dtype, failure, layout, read, storage_of};
-use crate::storage::{self, Storage};
+use crate::native_ops::{dtype, failure, read, storage_of, store_into};
+use crate::storage::Storage;
 
 /// An operand in `dtype` on `device`: a tensor cast to it, or a number made
 /// in it.
@@ -44,7 +44,7 @@ fn scaled(x: Tensor, factor: f64, dtype: DType, device: usize) -> Result<Tensor>
 /// A result as the storage a new C++ tensor owns.
 fn hand_over(value: Tensor) -> Result<Arc<Storage>> {
     let storage = Storage::holding(value)?;
-    crate::allocator::adopt(storage.clone());
+    crate::native_ops::hand_over(&storage);
     Ok(storage)
 }
 
@@ -104,10 +104,7 @@ pub fn binary_into(
     out: &ffi::TensorRef<'_>,
 ) -> Result<()> {
     let value = compute(op, a, b, alpha, dtype(compute_dtype)?)?;
-    let target = storage_of(out)?;
-    let layout = layout(out);
-    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
-    storage::write(&target, &layout, value)
+    store_into(out, value)
 }
 
 /// `beta * bias + alpha * (a @ b)` in `dtype` (mm, bmm, addmm, baddbmm):

@@ -291,9 +291,13 @@ pub fn host_buffer(t: &Bound<'_, PyAny>) -> Result<HostBuffer> {
 /// The elements of a CPU torch tensor, as a tpu-rs value on device
 /// `device`.
 pub fn upload(t: &Bound<'_, PyAny>, device: usize) -> Result<Tensor> {
+    upload_host(&host_buffer(t)?, device)
+}
+
+/// `host`'s elements as a new value on `tpu:device`.
+pub fn upload_host(host: &HostBuffer, device: usize) -> Result<Tensor> {
     let runtime = Runtime::global()?;
-    let buffer = host_buffer(t)?.upload(runtime.client(), device)?;
-    Ok(Tensor::from_buffer(buffer))
+    Ok(Tensor::from_buffer(host.upload(runtime.client(), device)?))
 }
 
 /// `value`'s elements in host memory, shaped as the value.

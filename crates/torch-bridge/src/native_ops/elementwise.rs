@@ -9,8 +9,15 @@ use super::{Call, Done, NativeOp, apply, apply_with, error, op};
 use crate::error::{BridgeError, Result};
 use crate::kernels::{cast, full};
 
-/// A value-computing kernel (the functional form of an op).
-type Compute = fn(&Call<'_>) -> Result<Tensor>;
+/// Registers `name`, whose kernel `f` computes a new tensor.
+fn functional(
+    ops: &mut Vec<NativeOp>,
+    name: &'static str,
+    promote: &'static [usize],
+    f: impl Fn(&Call<'_>) -> Result<Tensor> + Send + Sync + 'static,
+) {
+    ops.push(op(name, promote, move |c| Ok(Done::one(f(c)?))));
+}
 
 /// Registers `name` (a new tensor) and `inplace` (written into `self`).
 fn both(
@@ -18,9 +25,9 @@ fn both(
     name: &'static str,
     inplace: &'static str,
     promote: &'static [usize],
-    f: Compute,
+    f: impl Fn(&Call<'_>) -> Result<Tensor> + Copy + Send + Sync + 'static,
 ) {
-    ops.push(op(name, promote, move |c| Ok(Done::one(f(c)?))));
+    functional(ops, name, promote, f);
     ops.push(op(inplace, promote, move |c| c.write(0, f(c)?)));
 }
 
@@ -54,8 +61,7 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             let d = float_or(c.dtype(0)?, c.default_float);
             apply(core, &[cast(c.tensor(0)?, d)?])
         };
-        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
-        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+        both(ops, name, inplace, &[], f);
     }
     for &(name, inplace, core) in SAME_UNARY {
         let f = move |c: &Call<'_>| {
@@ -67,8 +73,7 @@ pub fn register(ops: &mut Vec<NativeOp>) {
                 _ => apply(core, &[x]),
             }
         };
-        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
-        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+        both(ops, name, inplace, &[], f);
     }
     both(ops, "silu", "silu_", &[], |c| {
         let x = float_input(c, "silu")?;
@@ -76,8 +81,8 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         cast(apply("silu", &[cast(x, opmath(d))?])?, d)
     });
     both(ops, "pow.Tensor_Scalar", "pow_.Scalar", &[0, 1], pow_scalar);
-    ops.push(op("rsub.Tensor", &[0, 1], |c| Ok(Done::one(rsub(c)?))));
-    ops.push(op("rsub.Scalar", &[0, 1], |c| Ok(Done::one(rsub(c)?))));
+    functional(ops, "rsub.Tensor", &[0, 1], rsub);
+    functional(ops, "rsub.Scalar", &[0, 1], rsub);
     for (name, inplace) in [
         ("eq.Tensor", "eq_.Tensor"),
         ("eq.Scalar", "eq_.Scalar"),
@@ -97,19 +102,12 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         ("bitwise_or.Scalar", "bitwise_or_.Scalar"),
         ("bitwise_xor.Tensor", "bitwise_xor_.Tensor"),
         ("bitwise_xor.Scalar", "bitwise_xor_.Scalar"),
-        ("maximum", "maximum_"),
-        ("minimum", "minimum_"),
     ] {
-        let core: &'static str = name.split('.').next().unwrap_or(name);
-        let f = move |c: &Call<'_>| {
-            let d = c.promoted()?;
-            apply(core, &[c.operand(0, d)?, c.operand(1, d)?])
-        };
-        ops.push(op(name, &[0, 1], move |c| Ok(Done::one(f(c)?))));
-        if !inplace.starts_with("maximum") && !inplace.starts_with("minimum") {
-            ops.push(op(inplace, &[0, 1], move |c| c.write(0, f(c)?)));
-        }
+        both(ops, name, inplace, &[0, 1], promoted_binary(name));
     }
+    // No in-place forms in aten.
+    functional(ops, "maximum", &[0, 1], promoted_binary("maximum"));
+    functional(ops, "minimum", &[0, 1], promoted_binary("minimum"));
     for (name, inplace) in [
         ("logical_and", "logical_and_"),
         ("logical_or", "logical_or_"),
@@ -121,29 +119,23 @@ pub fn register(ops: &mut Vec<NativeOp>) {
                 &[c.operand(0, DType::Bool)?, c.operand(1, DType::Bool)?],
             )
         };
-        ops.push(op(name, &[], move |c| Ok(Done::one(f(c)?))));
-        ops.push(op(inplace, &[], move |c| c.write(0, f(c)?)));
+        both(ops, name, inplace, &[], f);
     }
-    ops.push(op("logical_not", &[], |c| {
-        Ok(Done::one(apply("logical_not", &[c.tensor(0)?])?))
-    }));
+    functional(ops, "logical_not", &[], |c| {
+        apply("logical_not", &[c.tensor(0)?])
+    });
     for name in ["isnan", "isinf"] {
-        ops.push(op(name, &[], move |c| {
+        functional(ops, name, &[], move |c| {
             let x = c.tensor(0)?;
             if x.dtype().is_float() {
-                return Ok(Done::one(apply(name, &[x])?));
+                return apply(name, &[x]);
             }
             // Integers are never NaN or infinite.
-            Ok(Done::one(full(
-                DType::Bool,
-                x.shape().dims(),
-                0.0,
-                c.device()?,
-            )?))
-        }));
+            full(DType::Bool, x.shape().dims(), 0.0, c.device()?)
+        });
     }
     both(ops, "bitwise_not", "bitwise_not_", &[], bitwise_not);
-    ops.push(op("where.self", &[1, 2], |c| Ok(Done::one(select(c)?))));
+    functional(ops, "where.self", &[1, 2], select);
     both(
         ops,
         "masked_fill.Scalar",
@@ -162,19 +154,11 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     both(ops, "lerp.Tensor", "lerp_.Tensor", &[], lerp);
     both(ops, "addcmul", "addcmul_", &[0, 1, 2], addcmul);
     both(ops, "addcdiv", "addcdiv_", &[0, 1, 2], addcdiv);
-    ops.push(op("tanh_backward", &[], |c| {
-        Ok(Done::one(tanh_backward(c)?))
-    }));
-    ops.push(op("sigmoid_backward", &[], |c| {
-        Ok(Done::one(sigmoid_backward(c)?))
-    }));
-    ops.push(op("threshold_backward", &[], |c| {
-        Ok(Done::one(threshold_backward(c)?))
-    }));
+    functional(ops, "tanh_backward", &[], tanh_backward);
+    functional(ops, "sigmoid_backward", &[], sigmoid_backward);
+    functional(ops, "threshold_backward", &[], threshold_backward);
     both(ops, "gelu", "gelu_", &[], gelu);
-    ops.push(op("gelu_backward", &[], |c| {
-        Ok(Done::one(gelu_backward(c)?))
-    }));
+    functional(ops, "gelu_backward", &[], gelu_backward);
 }
 
 /// Tensor argument 0, which must be a float tensor (activations PyTorch
@@ -187,6 +171,18 @@ fn float_input(c: &Call<'_>, op: &str) -> Result<Tensor> {
         )));
     }
     c.tensor(0)
+}
+
+/// The tpu-rs op of the overload `name` (`eq.Scalar` -> `eq`) on both
+/// operands in their promoted dtype.
+fn promoted_binary(
+    name: &'static str,
+) -> impl Fn(&Call<'_>) -> Result<Tensor> + Copy + Send + Sync {
+    let core = name.split('.').next().unwrap_or(name);
+    move |c| {
+        let d = c.promoted()?;
+        apply(core, &[c.operand(0, d)?, c.operand(1, d)?])
+    }
 }
 
 /// `d`, or `default` when `d` is not a float (true division, `exp` of an

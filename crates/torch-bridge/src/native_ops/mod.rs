@@ -148,6 +148,7 @@ pub fn run(
             args,
             promoted: (!op.promote.is_empty()).then_some(promoted),
             default_float,
+            device: std::cell::OnceCell::new(),
         },
         (Err(e), _) | (_, Err(e)) => return failed(e, op.name, args),
     };
@@ -164,15 +165,7 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
             for value in values {
                 out.tensors.push(match value {
                     Some(v) => new_tensor(v)?,
-                    None => ffi::NewTensor {
-                        defined: false,
-                        address: 0,
-                        nbytes: 0,
-                        device: 0,
-                        dtype: ffi::Dtype::F32,
-                        sizes: Vec::new(),
-                        strides: Vec::new(),
-                    },
+                    None => no_tensor(ffi::Dtype::F32, Vec::new()),
                 });
             }
         }
@@ -197,15 +190,8 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
             let host = crate::profile::from_python(|| crate::torch::host_copy(&value))?;
             out.download = true;
             out.bytes = host.bytes().to_vec();
-            out.tensors.push(ffi::NewTensor {
-                defined: false,
-                address: 0,
-                nbytes: 0,
-                device: 0,
-                dtype: code(host.dtype()),
-                sizes: host.shape().dims().iter().map(|&n| n as i64).collect(),
-                strides: Vec::new(),
-            });
+            let sizes = host.shape().dims().iter().map(|&n| n as i64).collect();
+            out.tensors.push(no_tensor(code(host.dtype()), sizes));
         }
     }
     Ok(out)
@@ -227,7 +213,7 @@ fn new_tensor(value: Value) -> Result<ffi::NewTensor> {
             strides,
         } => (storage, sizes, strides),
     };
-    crate::allocator::adopt(storage.clone());
+    hand_over(&storage);
     Ok(ffi::NewTensor {
         defined: true,
         address: storage.address() as usize,
@@ -237,6 +223,26 @@ fn new_tensor(value: Value) -> Result<ffi::NewTensor> {
         sizes: sizes.iter().map(|&n| n as i64).collect(),
         strides: strides.iter().map(|&n| n as i64).collect(),
     })
+}
+
+/// Keeps `storage` alive for the C++ tensor about to own it (until its
+/// DataPtr's deleter releases it).
+pub fn hand_over(storage: &Arc<Storage>) {
+    crate::allocator::adopt(storage.clone());
+}
+
+/// A returned tensor known by its dtype and sizes only: an undefined result
+/// (`None`), or a downloaded value's shape.
+fn no_tensor(dtype: ffi::Dtype, sizes: Vec<i64>) -> ffi::NewTensor {
+    ffi::NewTensor {
+        defined: false,
+        address: 0,
+        nbytes: 0,
+        device: 0,
+        dtype,
+        sizes,
+        strides: Vec::new(),
+    }
 }
 
 /// An error for C++ to raise, naming the op and its device, with the class
@@ -379,6 +385,8 @@ pub struct Call<'a> {
     promoted: Option<DType>,
     /// PyTorch's default float dtype.
     pub default_float: DType,
+    /// [`Call::device`], once looked up (kernels ask for it per constant).
+    device: std::cell::OnceCell<usize>,
 }
 
 impl<'a> Call<'a> {
@@ -466,8 +474,7 @@ impl<'a> Call<'a> {
         let shape: Vec<usize> = a.tensor.sizes.iter().map(|&n| n as usize).collect();
         let host =
             tpu_core::HostBuffer::from_bytes(a.bytes.to_vec(), dtype(a.tensor.dtype)?, shape)?;
-        let runtime = tpu_core::Runtime::global()?;
-        Ok(Tensor::from_buffer(host.upload(runtime.client(), device)?))
+        crate::torch::upload_host(&host, device)
     }
 
     /// Tpu tensor list argument `i`.
@@ -583,13 +590,17 @@ impl<'a> Call<'a> {
 
     /// The device of the first tpu tensor argument (lists included).
     pub fn device(&self) -> Result<usize> {
+        if let Some(&device) = self.device.get() {
+            return Ok(device);
+        }
         for a in self.args {
             let t = match a.kind {
                 ffi::ArgKind::Tensor => &a.tensor,
                 ffi::ArgKind::Tensors if !a.tensors.is_empty() => &a.tensors[0],
                 _ => continue,
             };
-            return Ok(storage_of(t)?.device());
+            let device = storage_of(t)?.device();
+            return Ok(*self.device.get_or_init(|| device));
         }
         Err(BridgeError::internal(format!(
             "`{}` has no tpu tensor argument",
@@ -619,30 +630,27 @@ impl<'a> Call<'a> {
     /// its dtype must cast to the tensor's and its shape broadcast to it.
     pub fn write(&self, i: usize, value: Tensor) -> Result<Done> {
         let t = self.tensor_ref(i)?;
-        let target = storage_of(t)?;
-        let layout = layout(t);
-        if !can_cast(value.dtype(), target.dtype()) {
+        let target = dtype(t.dtype)?;
+        if !can_cast(value.dtype(), target) {
             return Err(error(format!(
-                "result type {} can't be cast to the desired output type {}",
-                value.dtype(),
-                target.dtype()
+                "result type {} can't be cast to the desired output type {target}",
+                value.dtype()
             )));
         }
-        let shape = value.shape().dims().to_vec();
-        let fits = shape.len() <= layout.size.len()
+        let shape = value.shape().dims();
+        let fits = shape.len() <= t.sizes.len()
             && shape
                 .iter()
                 .rev()
-                .zip(layout.size.iter().rev())
-                .all(|(&v, &s)| v == s || v == 1);
+                .zip(t.sizes.iter().rev())
+                .all(|(&v, &s)| v as i64 == s || v == 1);
         if !fits {
             return Err(error(format!(
                 "output with shape {:?} doesn't match the broadcast shape {shape:?}",
-                layout.size
+                t.sizes
             )));
         }
-        let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
-        storage::write(&target, &layout, value)?;
+        store_into(t, value)?;
         Ok(Done::Written)
     }
 }
@@ -664,6 +672,11 @@ pub fn apply(name: &str, inputs: &[Tensor]) -> Result<Tensor> {
 /// `name(inputs)` with `attrs`.
 pub fn apply_with(name: &str, inputs: &[Tensor], attrs: Attrs) -> Result<Tensor> {
     call1(name, inputs, &attrs)
+}
+
+/// `x` with the same elements in `shape`.
+pub fn reshape(x: Tensor, shape: &[usize]) -> Result<Tensor> {
+    apply_with("reshape", &[x], Attrs::new().with("shape", shape))
 }
 
 /// A runtime error with PyTorch's message.

@@ -4,7 +4,7 @@
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
-use super::{Call, Done, NativeOp, apply, apply_with, error, op};
+use super::{Call, Done, NativeOp, apply, apply_with, error, op, reshape};
 use crate::error::{BridgeError, Result};
 use crate::kernels::{cast, full};
 
@@ -37,6 +37,8 @@ fn stats_dtype(d: DType) -> DType {
     if d == DType::F64 { d } else { DType::F32 }
 }
 
+/// `core` over exactly `dims` (an empty list reduces nothing, unlike the
+/// aten reductions' "all dims").
 fn reduce(core: &str, x: Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {
     apply_with(
         core,
@@ -190,8 +192,6 @@ fn embedding_backward(c: &Call<'_>) -> Result<Done> {
     let indices = c.tensor(1)?;
     let n = indices.shape().dims().iter().product::<usize>();
     let width = grad.shape().dims().last().copied().unwrap_or(1);
-    let reshape =
-        |x: Tensor, shape: &[usize]| apply_with("reshape", &[x], Attrs::new().with("shape", shape));
     let flat = reshape(indices, &[n])?;
     let mut rows = reshape(grad.clone(), &[n, width])?;
     let padding = c.int(3)?;
@@ -251,8 +251,6 @@ fn picked(
     let keep = apply("ne", &[target.clone(), c.constant(t, ignore_index as f64)?])?;
     let safe = apply("where", &[keep.clone(), target, c.constant(t, 0.0)?])?;
     let n: usize = tshape.iter().product();
-    let reshape =
-        |x: Tensor, shape: &[usize]| apply_with("reshape", &[x], Attrs::new().with("shape", shape));
     let weight = c.tensor(weight)?;
     let per_target = apply_with(
         "index_select",
@@ -302,11 +300,7 @@ fn nll_loss(c: &Call<'_>) -> Result<Done> {
     let p = picked(c, 0, 1, 2, ignore_index)?;
     let gathered = apply_with("gather", &[input, p.index], Attrs::new().with("dim", p.dim))?;
     let tshape = p.weights.shape().dims().to_vec();
-    let gathered = apply_with(
-        "reshape",
-        &[gathered],
-        Attrs::new().with("shape", tshape.as_slice()),
-    )?;
+    let gathered = reshape(gathered, &tshape)?;
     let losses = apply(
         "neg",
         &[apply("mul", &[gathered, cast(p.weights.clone(), d)?])?],
@@ -346,11 +340,7 @@ fn nll_loss_backward(c: &Call<'_>) -> Result<Done> {
     }
     let scaled = apply("neg", &[apply("mul", &[cast(p.weights, d)?, g])?])?;
     let index_shape = p.index.shape().dims().to_vec();
-    let scaled = apply_with(
-        "reshape",
-        &[scaled],
-        Attrs::new().with("shape", index_shape.as_slice()),
-    )?;
+    let scaled = reshape(scaled, &index_shape)?;
     let zeros = full(d, input.shape().dims(), 0.0, c.device()?)?;
     let out = apply_with(
         "scatter_add",

@@ -72,7 +72,13 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         )));
     }
     let grad_scale = c.tensor_opt(13)?;
-    let found_inf = c.tensor_opt(14)?;
+    let skip = match c.tensor_opt(14)? {
+        Some(found) => Some(apply(
+            "ne",
+            &[found.clone(), c.constant(found.dtype(), 0.0)?],
+        )?),
+        None => None,
+    };
     for i in 0..n {
         let d = super::dtype(params[i].dtype)?;
         let m = opmath(d);
@@ -145,27 +151,25 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         updates.push((&avgs[i], avg));
         updates.push((&sqs[i], sq));
         for (target, value) in updates {
-            let value = unless_found_inf(value, target, found_inf.as_ref(), m)?;
+            let value = unless_skipped(value, target, skip.as_ref(), m)?;
             store_into(target, value)?;
         }
     }
     Ok(Done::Written)
 }
 
-/// `value`, or the target's current value where `found_inf` is set (a step
-/// with an overflowed gradient changes nothing).
-fn unless_found_inf(
+/// `value`, or the target's current value where `skip` (found_inf != 0)
+/// holds: a step with an overflowed gradient changes nothing.
+fn unless_skipped(
     value: Tensor,
     target: &ffi::TensorRef<'_>,
-    found_inf: Option<&Tensor>,
+    skip: Option<&Tensor>,
     m: DType,
 ) -> Result<Tensor> {
-    let Some(found) = found_inf else {
-        return Ok(value);
-    };
-    let zero = crate::args::scalar(found.dtype(), 0.0, super::storage_of(target)?.device())?;
-    let skip = apply("ne", &[found.clone(), zero])?;
-    apply("where", &[skip, cast(read(target)?, m)?, value])
+    match skip {
+        Some(skip) => apply("where", &[skip.clone(), cast(read(target)?, m)?, value]),
+        None => Ok(value),
+    }
 }
 
 /// `_amp_foreach_non_finite_check_and_unscale_(grads, found_inf,
