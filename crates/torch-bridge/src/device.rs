@@ -68,9 +68,34 @@ pub fn memory_stats(py: Python<'_>, index: usize) -> PyResult<Bound<'_, PyDict>>
     Ok(out)
 }
 
-/// The plugin's memory report for device `index`, when it gives one.
-pub fn plugin_memory(index: usize) -> Option<tpu_core::MemoryStats> {
-    Runtime::global().ok()?.client().memory_stats(index).ok()?
+/// `(free, total)` bytes of device `index`: the plugin's limit less what is
+/// in use where it reports one; on the XLA CPU plugin, whose device memory is
+/// the host's, the host's available and total memory.
+pub fn memory_info(index: usize) -> Option<(u64, u64)> {
+    let client = Runtime::global().ok()?.client();
+    let stats = client.memory_stats(index).ok().flatten();
+    if let Some((limit, in_use)) = stats.and_then(|s| Some((s.bytes_limit?, s.bytes_in_use))) {
+        return Some((limit.saturating_sub(in_use), limit));
+    }
+    (client.platform_name() == "cpu")
+        .then(host_memory)
+        .flatten()
+}
+
+/// The host's available and total memory from `/proc/meminfo` (Linux).
+fn host_memory() -> Option<(u64, u64)> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = info.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("MemAvailable:")?, field("MemTotal:")?))
 }
 
 /// The runtime's counters: compiles, cache hits, executions, graphs cut

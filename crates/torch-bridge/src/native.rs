@@ -283,12 +283,11 @@ fn reset_memory_totals(device: i8) {
 }
 
 fn memory_info(device: i8) -> ffi::MemoryInfo {
-    let stats = crate::device::plugin_memory(device.max(0) as usize);
-    match stats.and_then(|s| Some((s.bytes_limit?, s.bytes_in_use))) {
-        Some((limit, in_use)) => ffi::MemoryInfo {
+    match crate::device::memory_info(device.max(0) as usize) {
+        Some((free, total)) => ffi::MemoryInfo {
             known: true,
-            free_bytes: limit.saturating_sub(in_use) as usize,
-            total_bytes: limit as usize,
+            free_bytes: free as usize,
+            total_bytes: total as usize,
         },
         None => ffi::MemoryInfo {
             known: false,

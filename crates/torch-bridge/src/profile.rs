@@ -39,6 +39,32 @@ fn library_dirs(py: Python<'_>) -> &'static [String] {
     })
 }
 
+/// Installed code — the standard library and every site-packages folder —
+/// besides torch and this package: a warning the user can act on points
+/// past it, at the user's own line (`model.generate(...)`, not a line
+/// inside transformers).
+fn installed_dirs(py: Python<'_>) -> &'static [String] {
+    static DIRS: OnceLock<Vec<String>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let mut dirs = library_dirs(py).to_vec();
+        let folders = py.import("site").and_then(|site| {
+            let mut folders: Vec<String> = site.call_method0("getsitepackages")?.extract()?;
+            folders.push(site.call_method0("getusersitepackages")?.extract()?);
+            let paths = py.import("sysconfig")?.call_method0("get_paths")?;
+            folders.push(paths.get_item("stdlib")?.extract()?);
+            Ok::<_, PyErr>(folders)
+        });
+        let sep = std::path::MAIN_SEPARATOR;
+        dirs.extend(
+            folders
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| format!("{d}{sep}")),
+        );
+        dirs
+    })
+}
+
 /// The innermost frame outside torch and this package from `frame` outwards.
 fn user_frame(dirs: &[String], mut frame: Bound<'_, PyAny>) -> Option<CallSite> {
     loop {
@@ -106,9 +132,16 @@ pub fn from_python<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Issues collected recompile warnings as [`RecompileWarning`]s at the
-/// user's line.
+/// user's line: outside installed code where the call came from the user's
+/// script, else outside torch.
 fn show_warnings(py: Python<'_>) {
-    let site = python_site(py);
+    let own = py
+        .import("sys")
+        .and_then(|sys| sys.call_method1("_getframe", (0,)));
+    let site = own
+        .ok()
+        .and_then(|frame| user_frame(installed_dirs(py), frame))
+        .or_else(|| python_site(py));
     for warning in recompile::take_warnings() {
         let site = site.unwrap_or(warning.site);
         let shown = py.import("warnings").and_then(|w| {

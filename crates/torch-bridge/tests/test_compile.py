@@ -17,13 +17,15 @@ def _metrics_executions():
     return torch.tpu.metrics()["executions"]
 
 
-def test_replayed_runs_follow_new_inputs_and_train_like_the_cpu(mode):
+@pytest.mark.parametrize("backend", ["tpu_rs", None])
+def test_replayed_runs_follow_new_inputs_and_train_like_the_cpu(mode, backend):
+    """``None``: plain ``torch.compile(model)``, which hands tpu graphs to tpu_rs."""
     torch._dynamo.reset()
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
     tpu_model = copy.deepcopy(model).to("tpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     tpu_opt = torch.optim.SGD(tpu_model.parameters(), lr=0.1)
-    compiled = torch.compile(tpu_model, backend="tpu_rs")
+    compiled = torch.compile(tpu_model, backend="tpu_rs") if backend else torch.compile(tpu_model)
     for step in range(4):
         x = torch.randn(5, 8)
         loss = model(x).square().mean()

@@ -2,7 +2,7 @@
 
 import torch
 
-from . import tpu
+from . import _compile, _transformers, tpu
 
 
 def _reduce_ex(original):
@@ -59,6 +59,8 @@ def register():
     torch.nn.Parameter.__reduce_ex__ = _reduce_ex(torch.nn.Parameter.__reduce_ex__)
     torch.Tensor.__deepcopy__ = _deepcopy(torch.Tensor.__deepcopy__)
     torch.nn.Parameter.__deepcopy__ = _deepcopy(torch.nn.Parameter.__deepcopy__)
+    _transformers.install()
+    _compile.route_inductor()
     from . import aten  # noqa: F401  (registers the kernels)
 
     if torch.distributed.is_available():

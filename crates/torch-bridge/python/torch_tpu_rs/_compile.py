@@ -14,7 +14,9 @@ that reads values back, draws random numbers or runs a backward rule of the
 bridge's is not recorded, and runs as the first did.
 
 It is also registered as ``"tpu"``, the name Hugging Face's ``generate``
-compiles a tpu model's decode step with when it uses a static KV cache.
+compiles a tpu model's decode step with when it uses a static KV cache, and
+plain ``torch.compile(model)`` (Inductor, the default) hands graphs over tpu
+tensors to it: Inductor has no code generator for this device.
 """
 
 import contextlib
@@ -94,3 +96,26 @@ def tpu_rs(graph_module, example_inputs, **kwargs):
     return aot_autograd(fw_compiler=_fused, bw_compiler=_fused, keep_inference_input_mutations=True)(
         graph_module, example_inputs, **kwargs
     )
+
+
+def _on_tpu(graph_module, example_inputs):
+    tensors = [*example_inputs, *graph_module.parameters(), *graph_module.buffers()]
+    return any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in tensors)
+
+
+def route_inductor():
+    """Makes the default backend (``torch.compile(model)``, Inductor)
+    compile graphs over tpu tensors with :func:`tpu_rs`; other graphs still
+    go to Inductor. Inductor's mode and options do not apply to them."""
+    wrapper = torch._TorchCompileInductorWrapper
+    inductor = wrapper.__call__
+    if getattr(inductor, "_routes_tpu", False):
+        return
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if _on_tpu(model_, inputs_):
+            return tpu_rs(model_, inputs_)
+        return inductor(self, model_, inputs_, **kwargs)
+
+    __call__._routes_tpu = True
+    wrapper.__call__ = __call__

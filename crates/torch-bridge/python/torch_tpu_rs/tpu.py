@@ -1,8 +1,9 @@
 """``torch.tpu``: the device module, as ``torch.cuda`` is for CUDA."""
 
 import contextlib
-import os
 import enum
+import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -11,11 +12,13 @@ from . import _C
 
 __all__ = [
     "EagerMode",
+    "Event",
     "current_device",
     "device",
     "device_count",
     "empty_cache",
     "eager_mode",
+    "get_device_capability",
     "get_device_name",
     "get_device_properties",
     "get_rng_state",
@@ -119,6 +122,18 @@ class device(contextlib.ContextDecorator):
         return False
 
 
+def Event(enable_timing=False, blocking=False, interprocess=False):
+    """A ``torch.Event`` on the current tpu device (as ``torch.cuda.Event``):
+    ``record``, ``synchronize``, ``query`` and, with ``enable_timing``,
+    ``elapsed_time``."""
+    return torch.Event(
+        torch.device("tpu", current_device()),
+        enable_timing=enable_timing,
+        blocking=blocking,
+        interprocess=interprocess,
+    )
+
+
 def synchronize(device=None):
     """Waits for every pending op (and runs deferred graphs)."""
     _C.synchronize()
@@ -192,6 +207,18 @@ def get_device_name(device=None):
     return name
 
 
+def get_device_capability(device=None):
+    """``(major, minor)`` as ``torch.cuda.get_device_capability``: a TPU's
+    generation (``TPU v5 lite`` is ``(5, 0)``); ``(0, 0)`` on other platforms,
+    which have no such number (the XLA CPU plugin)."""
+    return _capability(_C.device_name(_index(device)))
+
+
+def _capability(kind):
+    match = re.match(r"TPU\s*v?(\d+)", kind)
+    return (int(match.group(1)), 0) if match else (0, 0)
+
+
 @dataclass(frozen=True)
 class DeviceProperties:
     """What the runtime reports about one device."""
@@ -204,12 +231,15 @@ class DeviceProperties:
 
 def get_device_properties(device=None):
     index = _index(device)
-    stats = _C.memory_stats(index)
+    try:
+        total_memory = mem_get_info(index)[1]
+    except NotImplementedError:
+        total_memory = 0
     return DeviceProperties(
         name=_C.device_name(index),
         platform=_C.platform(),
         description=_C.describe(index),
-        total_memory=stats.get("device_bytes_limit") or 0,
+        total_memory=total_memory,
     )
 
 
@@ -284,8 +314,10 @@ def empty_cache():
 
 
 def mem_get_info(device=None):
-    """``(free, total)`` bytes of the device, where its plugin reports a limit
-    (raises ``NotImplementedError`` where it does not, as the CPU plugin)."""
+    """``(free, total)`` bytes of the device: its plugin's limit less what is
+    in use; on the XLA CPU plugin, whose memory is the host's, the host's
+    available and total memory. Raises ``NotImplementedError`` for a plugin
+    that reports no limit."""
     return torch.accelerator.get_memory_info(_index(device))
 
 
