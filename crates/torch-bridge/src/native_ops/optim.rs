@@ -1,6 +1,6 @@
 //! The fused optimizer and AMP kernels CUDA recipes call: `_fused_adam_`,
 //! `_fused_adamw_` (the default optimizer of Hugging Face's `Trainer`),
-//! and the loss-scale kernels behind `torch.amp.GradScaler`. Each runs as
+//! `_fused_sgd_`, and the loss-scale kernels behind `torch.amp.GradScaler`. Each runs as
 //! one deferred graph even under Strict ([`crate::kernels::fused`]).
 
 use tpu_core::{DType, Tensor};
@@ -19,6 +19,9 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         ("_fused_adamw_.tensor_lr", true),
     ] {
         ops.push(op(name, &[], move |c| fused(|| adam(c, decoupled))));
+    }
+    for name in ["_fused_sgd_", "_fused_sgd_.tensor_lr"] {
+        ops.push(op(name, &[], |c| fused(|| sgd(c))));
     }
     ops.push(op("_amp_foreach_non_finite_check_and_unscale_", &[], |c| {
         fused(|| unscale(c))
@@ -72,21 +75,11 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         )));
     }
     let grad_scale = c.tensor_opt(13)?;
-    let skip = match c.tensor_opt(14)? {
-        Some(found) => Some(apply(
-            "ne",
-            &[found.clone(), c.constant(found.dtype(), 0.0)?],
-        )?),
-        None => None,
-    };
+    let skip = found_inf(c, 14)?;
     for i in 0..n {
         let d = super::dtype(params[i].dtype)?;
         let m = opmath(d);
-        let lr = if c.is_tensor(6) {
-            cast(c.tensor(6)?, m)?
-        } else {
-            c.constant(m, c.number(6)?)?
-        };
+        let lr = learning_rate(c, 6, m)?;
         let k = |v: f64| c.constant(m, v);
         let param = cast(read(&params[i])?, m)?;
         let mut grad = cast(read(&grads[i])?, m)?;
@@ -150,6 +143,91 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         updates.push((&params[i], p));
         updates.push((&avgs[i], avg));
         updates.push((&sqs[i], sq));
+        for (target, value) in updates {
+            let value = unless_skipped(value, target, skip.as_ref(), m)?;
+            store_into(target, value)?;
+        }
+    }
+    Ok(Done::Written)
+}
+
+/// The learning rate at argument `index` (a number or a tensor) in `m`.
+fn learning_rate(c: &Call<'_>, index: usize, m: DType) -> Result<Tensor> {
+    if c.is_tensor(index) {
+        cast(c.tensor(index)?, m)
+    } else {
+        c.constant(m, c.number(index)?)
+    }
+}
+
+/// `skip`: where `found_inf` (argument `index`), when given, is nonzero.
+fn found_inf(c: &Call<'_>, index: usize) -> Result<Option<Tensor>> {
+    c.tensor_opt(index)?
+        .map(|found| apply("ne", &[found.clone(), c.constant(found.dtype(), 0.0)?]))
+        .transpose()
+}
+
+/// One SGD step over every parameter: arguments params, grads,
+/// momentum_buffer_list (empty without momentum), weight_decay, momentum,
+/// lr (a number or a tensor), dampening, nesterov, maximize,
+/// is_first_step (the buffers start as the gradient), grad_scale,
+/// found_inf — the CPU kernel's order of operations, in float32 for half
+/// types with one rounding per stored value.
+fn sgd(c: &Call<'_>) -> Result<Done> {
+    let (params, grads, buffers) = (c.tensors(0)?, c.tensors(1)?, c.tensors(2)?);
+    let weight_decay = c.number(3)?;
+    let momentum = c.number(4)?;
+    let dampening = c.number(6)?;
+    let nesterov = c.flag_or(7, false)?;
+    let maximize = c.flag_or(8, false)?;
+    let first_step = c.flag_or(9, false)?;
+    let n = params.len();
+    if grads.len() != n || (momentum != 0.0 && buffers.len() != n) {
+        return Err(error(format!(
+            "{}: expected as many grads (and momentum buffers, with momentum) as params ({n})",
+            c.op
+        )));
+    }
+    let grad_scale = c.tensor_opt(10)?;
+    let skip = found_inf(c, 11)?;
+    for i in 0..n {
+        let m = opmath(super::dtype(params[i].dtype)?);
+        let k = |v: f64| c.constant(m, v);
+        let param = cast(read(&params[i])?, m)?;
+        let mut grad = cast(read(&grads[i])?, m)?;
+        let mut updates: Vec<(&ffi::TensorRef<'_>, Tensor)> = Vec::new();
+        if let Some(scale) = &grad_scale {
+            grad = apply("div", &[grad, cast(scale.clone(), m)?])?;
+            updates.push((&grads[i], grad.clone()));
+        }
+        if maximize {
+            grad = apply("neg", &[grad])?;
+        }
+        if weight_decay != 0.0 {
+            let decay = apply("mul", &[param.clone(), k(weight_decay)?])?;
+            grad = apply("add", &[grad, decay])?;
+        }
+        if momentum != 0.0 {
+            let buffer = if first_step {
+                grad.clone()
+            } else {
+                let kept = apply("mul", &[cast(read(&buffers[i])?, m)?, k(momentum)?])?;
+                let added = apply("mul", &[grad.clone(), k(1.0 - dampening)?])?;
+                apply("add", &[kept, added])?
+            };
+            grad = if nesterov {
+                apply(
+                    "add",
+                    &[grad, apply("mul", &[buffer.clone(), k(momentum)?])?],
+                )?
+            } else {
+                buffer.clone()
+            };
+            updates.push((&buffers[i], buffer));
+        }
+        let lr = learning_rate(c, 5, m)?;
+        let stepped = apply("sub", &[param, apply("mul", &[lr, grad])?])?;
+        updates.push((&params[i], stepped));
         for (target, value) in updates {
             let value = unless_skipped(value, target, skip.as_ref(), m)?;
             store_into(target, value)?;
