@@ -1,6 +1,10 @@
 //! The on-disk tier of the compile cache: one file per serialized
 //! executable, in a folder capped in bytes, least recently used first out.
 //!
+//! A store costs the same in a folder of 50,000 entries as in an empty one:
+//! the folder is scanned (for its size, and to evict) only once per tenth
+//! of the cap written, not per entry (see [`Usage`]).
+//!
 //! On by default under the user's cache folder, so a second process loads
 //! what the first compiled. `TPU_RS_CACHE_DIR` moves it (empty turns it
 //! off) and `TPU_RS_CACHE_MAX_BYTES` sets the cap.
@@ -8,6 +12,7 @@
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -27,10 +32,24 @@ const MAGIC: &[u8; 8] = b"tpurs-x1";
 /// A folder of serialized executables. Loading one runs its code, so the
 /// folder must be this user's alone, and every entry carries a checksum
 /// that is verified before its bytes reach the plugin.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct DiskCache {
     dir: PathBuf,
     max_bytes: u64,
+    usage: Mutex<Usage>,
+}
+
+/// The folder's size as this process knows it: what the last scan counted,
+/// plus what this process has written since. Other processes' writes show
+/// at the next scan, which comes once this process has written a tenth of
+/// the cap (or its count passes the cap): so the folder stays within the
+/// cap plus a tenth per process writing at once, and scans cost O(1) per
+/// store, amortized.
+#[derive(Debug, Default)]
+struct Usage {
+    scanned: Option<u64>,
+    written: u64,
+    scans: u64,
 }
 
 impl DiskCache {
@@ -67,7 +86,11 @@ impl DiskCache {
                 mode & 0o777
             )));
         }
-        Ok(DiskCache { dir, max_bytes })
+        Ok(DiskCache {
+            dir,
+            max_bytes,
+            usage: Mutex::default(),
+        })
     }
 
     /// The folder the environment selects: `TPU_RS_CACHE_DIR` when set
@@ -111,8 +134,9 @@ impl DiskCache {
         Some(executable)
     }
 
-    /// Stores `executable` under `identity`, then evicts the least recently
-    /// used entries until the folder fits its cap.
+    /// Stores `executable` under `identity`; when the folder is over its
+    /// cap, evicts the least recently used entries down to nine tenths of
+    /// it (so the next evictions are a tenth of the cap away).
     pub fn store(&self, identity: &str, executable: &[u8]) -> std::io::Result<()> {
         let path = self.path(identity);
         // Write then rename, so a concurrent reader never sees half a file.
@@ -123,15 +147,40 @@ impl DiskCache {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)?;
-        std::io::Write::write_all(&mut file, &DiskCache::encode_entry(identity, executable))?;
+        let entry = DiskCache::encode_entry(identity, executable);
+        std::io::Write::write_all(&mut file, &entry)?;
         drop(file);
         std::fs::rename(&tmp, &path)?;
-        self.evict(&path)
+        self.account(entry.len() as u64, &path)
     }
 
-    /// Removes the oldest entries (never `keep`) while the folder is over
-    /// its cap.
-    fn evict(&self, keep: &Path) -> std::io::Result<()> {
+    /// Counts `len` bytes written; scans the folder (evicting if it is over
+    /// the cap) when this process has never scanned it, has written a
+    /// tenth of the cap since the last scan, or counts it over the cap.
+    fn account(&self, len: u64, keep: &Path) -> std::io::Result<()> {
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        usage.written += len;
+        if let Some(scanned) = usage.scanned
+            && usage.written <= self.max_bytes / 10
+            && scanned + usage.written <= self.max_bytes
+        {
+            return Ok(());
+        }
+        usage.scans += 1;
+        usage.scanned = Some(self.evict(keep)?);
+        usage.written = 0;
+        Ok(())
+    }
+
+    /// The folder's scans so far (by this handle).
+    #[cfg(test)]
+    fn scans(&self) -> u64 {
+        self.usage.lock().unwrap().scans
+    }
+
+    /// Removes the oldest entries (never `keep`) when the folder is over its
+    /// cap, down to nine tenths of it; the bytes left.
+    fn evict(&self, keep: &Path) -> std::io::Result<u64> {
         let mut entries: Vec<(SystemTime, u64, PathBuf)> = std::fs::read_dir(&self.dir)?
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == EXTENSION))
@@ -141,9 +190,13 @@ impl DiskCache {
             })
             .collect();
         let mut total: u64 = entries.iter().map(|(_, len, _)| len).sum();
+        if total <= self.max_bytes {
+            return Ok(total);
+        }
+        let low_water = self.max_bytes - self.max_bytes / 10;
         entries.sort();
         for (_, len, path) in entries {
-            if total <= self.max_bytes {
+            if total <= low_water {
                 break;
             }
             if path == keep {
@@ -154,7 +207,7 @@ impl DiskCache {
                 total = total.saturating_sub(len);
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     /// An entry's bytes: magic, identity length (u64 LE), identity, SHA-256 of
@@ -239,6 +292,59 @@ mod tests {
         for name in ["a", "c", "d"] {
             assert!(cache.load(name).is_some(), "{name} was evicted");
         }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn folder_bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn stores_scan_the_folder_once_per_tenth_of_the_cap() {
+        let dir = scratch("scans");
+        let cache = DiskCache::open(&dir, 1 << 20).unwrap();
+        for i in 0..200 {
+            let old = std::fs::File::create(dir.join(format!("old{i}.pjrt"))).unwrap();
+            old.set_len(1000).unwrap();
+        }
+        // 50 entries of about 1 KB: under a tenth of the 1 MiB cap.
+        for i in 0..50 {
+            cache.store(&format!("p{i}"), &[1u8; 1000]).unwrap();
+        }
+        assert_eq!(cache.scans(), 1);
+        // Another 60 KB passes the tenth: one more scan.
+        for i in 50..110 {
+            cache.store(&format!("p{i}"), &[1u8; 1000]).unwrap();
+        }
+        assert_eq!(cache.scans(), 2);
+        assert!(cache.load("p0").is_some() && cache.load("p109").is_some());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn two_writers_keep_the_folder_within_the_cap_and_a_tenth_each() {
+        let dir = scratch("two-writers");
+        let cap = 100_000;
+        let (a, b) = (
+            DiskCache::open(&dir, cap).unwrap(),
+            DiskCache::open(&dir, cap).unwrap(),
+        );
+        let entry = [2u8; 1000];
+        let slack = cap / 10 + 1100;
+        for i in 0..400 {
+            let writer = if i % 2 == 0 { &a } else { &b };
+            writer.store(&format!("p{i}"), &entry).unwrap();
+            let size = folder_bytes(&dir);
+            assert!(size <= cap + 2 * slack, "{size} bytes after {i} stores");
+        }
+        // Evictions happened (400 KB went in) and kept the newest entries.
+        assert!(folder_bytes(&dir) < 400_000);
+        assert!(a.load("p398").is_some() && b.load("p399").is_some());
+        assert!(a.load("p0").is_none());
         std::fs::remove_dir_all(dir).unwrap();
     }
 
