@@ -1,5 +1,5 @@
-//! Opt-in shape bucketing for sequences that grow one step at a time (a
-//! KV cache, generated token ids, an attention mask).
+//! Shape bucketing for sequences that grow one step at a time (a KV cache,
+//! generated token ids, an attention mask); on by default (`pow2`).
 //!
 //! Every program is built for its input shapes, so a tensor that grows by
 //! `torch.cat` builds new programs for everything that reads it, at every
@@ -12,10 +12,16 @@
 //! without buckets. Only appends to a longer tensor are padded: that is
 //! how a sequence grows, and other joins are read whole.
 //!
-//! Set with `TPU_RS_SHAPE_BUCKETS` (`pow2`, or sizes such as
-//! `64,128,256`) or `torch.tpu.set_shape_buckets`.
+//! Set with `TPU_RS_SHAPE_BUCKETS` (`pow2`, the default; sizes such as
+//! `64,128,256`; or `off`) or `torch.tpu.set_shape_buckets`.
+//!
+//! Attention over a padded key and value needs a kernel above autograd
+//! (`aten/nn.py`); it is registered at the first padded join after the
+//! buckets were set, so a process that never grows a sequence (training)
+//! keeps PyTorch's own attention with no Python on its path.
 
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -28,8 +34,15 @@ use crate::kernels::{call, call1, cast};
 use crate::storage::Padded;
 use crate::torch::{View, dtype_of, wrap, wrap_padded};
 
-/// The environment variable that turns buckets on for a process.
+/// The environment variable that sets the buckets for a process.
 const ENV: &str = "TPU_RS_SHAPE_BUCKETS";
+
+/// The buckets when the environment sets none.
+const DEFAULT: &str = "pow2";
+
+/// Whether attention is routed to the padded-aware kernel (see the module
+/// docs); cleared when the buckets are set.
+static ATTENTION_ROUTED: AtomicBool = AtomicBool::new(false);
 
 /// `pow2`: powers of two from this size...
 const POW2_FIRST: usize = 16;
@@ -77,7 +90,8 @@ fn current() -> Result<Vec<usize>> {
     if let Some(b) = BUCKETS.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
         return Ok(b.clone());
     }
-    let sizes = parse_or_explain(&std::env::var(ENV).unwrap_or_default(), ENV)?;
+    let spec = std::env::var(ENV).unwrap_or_else(|_| DEFAULT.to_string());
+    let sizes = parse_or_explain(&spec, ENV)?;
     *BUCKETS.write().unwrap_or_else(|e| e.into_inner()) = Some(sizes.clone());
     Ok(sizes)
 }
@@ -98,7 +112,22 @@ pub fn shape_buckets() -> PyResult<Vec<usize>> {
 pub fn set_shape_buckets(spec: &str) -> PyResult<Vec<usize>> {
     let sizes = parse_or_explain(spec, "set_shape_buckets")?;
     *BUCKETS.write().unwrap_or_else(|e| e.into_inner()) = Some(sizes.clone());
+    ATTENTION_ROUTED.store(false, Ordering::Relaxed);
     Ok(sizes)
+}
+
+/// Routes attention to the padded-aware kernel, once per setting of the
+/// buckets: a padded key and value may now reach it.
+fn route_attention() -> Result<()> {
+    if ATTENTION_ROUTED.swap(true, Ordering::Relaxed) {
+        return Ok(());
+    }
+    Python::attach(|py| {
+        py.import("torch_tpu_rs.aten.nn")?
+            .call_method1("route_attention", (true,))
+            .map(drop)
+    })
+    .map_err(BridgeError::Python)
 }
 
 /// `torch.cat(tensors, dim)` into a padded storage, or `None` when buckets
@@ -130,10 +159,12 @@ pub fn concat_views(views: &[View], dim: i64, dtype: DType) -> Result<Option<Pad
     if sizes.is_empty() {
         return Ok(None);
     }
-    match Plan::of(views, dim, &sizes) {
-        Some(plan) => plan.join(views, dtype).map(Some),
-        None => Ok(None),
-    }
+    let Some(plan) = Plan::of(views, dim, &sizes) else {
+        return Ok(None);
+    };
+    let padded = plan.join(views, dtype)?;
+    route_attention()?;
+    Ok(Some(padded))
 }
 
 /// How a join into a padded storage goes.
@@ -283,14 +314,11 @@ pub fn padded_copy_of(view: &View, dtype: DType) -> Result<Option<Padded>> {
 /// cache's length): read from the padded value, with the elements past the
 /// held length set to `value` at run time, so the program is built once per
 /// bucket rather than per length. `None` otherwise.
-#[pyfunction]
-pub fn padded_pad<'py>(
-    py: Python<'py>,
-    t: &Bound<'py, PyAny>,
-    pad: Vec<i64>,
-    value: f64,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
-    let Some(p) = held_padded_while_on(t)? else {
+pub fn padded_pad(view: &View, pad: &[i64], value: f64) -> Result<Option<Tensor>> {
+    if current()?.is_empty() {
+        return Ok(None);
+    }
+    let Some(p) = view.storage.padded_as(&view.layout) else {
         return Ok(None);
     };
     let rank = p.value.shape().rank();
@@ -322,8 +350,7 @@ pub fn padded_pad<'py>(
         &Attrs::new(),
     )?;
     let fill = scalar(p.value.dtype(), value, device)?;
-    let out = call1("where", &[held, base, fill], &Attrs::new())?;
-    Ok(Some(wrap(py, out)?))
+    Ok(Some(call1("where", &[held, base, fill], &Attrs::new())?))
 }
 
 /// `value` cut or grown (with `fill`) to `len` along `dim`.
@@ -353,14 +380,6 @@ fn tpu_index(value: &Tensor) -> Option<usize> {
         tpu_core::Device::Tpu(d) => Some(d),
         tpu_core::Device::Cpu => None,
     }
-}
-
-/// [`held_padded`] while buckets are on (asked first: it is cheaper).
-fn held_padded_while_on(t: &Bound<'_, PyAny>) -> Result<Option<Padded>> {
-    if current()?.is_empty() {
-        return Ok(None);
-    }
-    held_padded(t)
 }
 
 /// The padded value of a tpu tensor that views all of a padded storage.

@@ -89,7 +89,6 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::run, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::concat, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::padded_keys, m)?)?;
-    m.add_function(wrap_pyfunction!(buckets::padded_pad, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(buckets::set_shape_buckets, m)?)?;
     m.add_function(wrap_pyfunction!(ops::run_into, m)?)?;

@@ -321,6 +321,9 @@ def test_empty_tensors_and_triangles():
 
 
 def test_attention_takes_pytorchs_math_path_with_no_python_kernel():
+    """Until a padded join (a grown KV cache) makes the padded-aware kernel
+    needed, whatever the buckets."""
+    torch.tpu.set_shape_buckets("pow2")  # starts over: no padded join yet
     q, k, v = (_values(torch.float32, (2, 3, 5, 4), seed=i) for i in range(3))
     mask = torch.rand(5, 5) > 0.3
     mask[0] = False  # a row with every key masked: zeros, not NaN
@@ -328,10 +331,15 @@ def test_attention_takes_pytorchs_math_path_with_no_python_kernel():
     _check(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v)
     _check(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, k, v, mask)
     _check(lambda a, b, c, m: torch.ops.aten._safe_softmax(a.masked_fill(~m, float("-inf")), -1), q, k, v, mask)
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1") is False
-    with torch.tpu.set_shape_buckets("pow2"):
-        assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1")
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::scaled_dot_product_attention", "AutogradPrivateUse1") is False
+    routed = lambda: torch._C._dispatch_has_kernel_for_dispatch_key(
+        "aten::scaled_dot_product_attention", "AutogradPrivateUse1"
+    )
+    assert routed() is False
+    cache = torch.zeros(1, 2, 9, 4, device="tpu")
+    cache = torch.cat([cache, torch.ones(1, 2, 1, 4, device="tpu")], -2)  # held padded
+    assert routed()
+    with torch.tpu.set_shape_buckets(None):
+        assert routed() is False
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -353,3 +361,53 @@ def test_nll_loss_and_its_backward(reduction, weighted):
     _check(loss, images, pixels, weight)
     if weighted:
         _check(loss, logits, target, weight[:3])  # PyTorch's error for a short weight
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((5,), {}),
+        ((2, 11, 3), {}),
+        ((10, -3, -4), {}),
+        ((0.5, 2.0, 0.25), {}),
+        ((1, 2.5), {}),
+        ((3,), {"dtype": torch.float32}),
+        ((0, 1, 0.1), {"dtype": torch.float64}),
+        ((-2, 7, 2), {"dtype": torch.int32}),
+        ((2**53 + 1, 2**53 + 4), {}),  # exact past what a float holds
+        ((4, 4), {}),
+        ((5, 2), {}),  # inconsistent with the step's sign
+        ((0, 3, 0), {}),
+        ((0.0, float("inf")), {}),
+    ],
+)
+def test_arange_equals_the_cpu(args, kwargs):
+    try:
+        expected = torch.arange(*args, **kwargs)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            torch.arange(*args, **kwargs, device="tpu")
+        return
+    _same(torch.arange(*args, **kwargs, device="tpu"), expected)
+    with torch.tpu.device(1):
+        on_current = torch.arange(*args, **kwargs, device="tpu")
+    assert on_current.device == torch.device("tpu", 1)
+    _same(on_current, expected)
+    assert torch.arange(*args, **kwargs, device="tpu:2").device == torch.device("tpu", 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("out_dtype", [None, torch.float64, torch.int16])
+def test_cumsum_equals_the_cpu(dtype, out_dtype):
+    x = _values(dtype, (3, 5), seed=7)
+    for dim in (0, 1, -1):
+        _check(lambda t: torch.cumsum(t, dim, dtype=out_dtype), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+@pytest.mark.parametrize("pad", [(1, 2), (0, 0, 2, 1), (-1, 2), (1, 1, 1, 1, 1, 1), (1, 2, 3)])
+def test_constant_pad_nd_equals_the_cpu(dtype, pad):
+    x = _values(dtype, (2, 3, 4), seed=5)
+    value = True if dtype == torch.bool else 3
+    _check(lambda t: torch.constant_pad_nd(t, pad, value), x)
+    _check(lambda t: torch.nn.functional.pad(t, pad), x)

@@ -126,3 +126,37 @@ def test_a_fused_step_is_one_program_under_strict():
     assert ran <= 8, ran
     state = copy.deepcopy(opt.state_dict())
     assert state["state"][0]["step"].item() == 2
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+        lambda p: torch.optim.RMSprop(p, lr=1e-2, foreach=True),
+        lambda p: torch.optim.Adagrad(p, lr=1e-2, foreach=True),
+    ],
+    ids=["adamw", "sgd", "rmsprop", "adagrad"],
+)
+def test_foreach_optimizers_and_gradient_clipping_equal_the_cpu(make):
+    """The ``_foreach_*`` kernels CUDA's default optimizers and
+    ``clip_grad_norm_(foreach=True)`` call."""
+
+    def train(device):
+        model = _model().to(device)
+        opt = make(model.parameters())
+        g = torch.Generator().manual_seed(3)
+        norms = []
+        for _ in range(3):
+            x = torch.randn(4, 6, generator=g).to(device)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=True).item())
+            opt.step()
+        return model, norms
+
+    cpu_model, cpu_norms = train("cpu")
+    tpu_model, tpu_norms = train("tpu")
+    torch.testing.assert_close(tpu_norms, cpu_norms, atol=1e-6, rtol=1e-5)
+    for p, q in zip(tpu_model.parameters(), cpu_model.parameters()):
+        assert_close(p, q, atol=1e-6, rtol=1e-5)

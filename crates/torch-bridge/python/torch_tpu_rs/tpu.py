@@ -396,13 +396,13 @@ class _BucketScope(contextlib.AbstractContextManager):
 
 
 def set_shape_buckets(buckets):
-    """Turns shape bucketing on (``"pow2"`` or sizes such as ``[64, 128,
-    256]``) or off (``None``). With it on, a ``torch.cat`` that appends to a
+    """Sets shape bucketing: ``"pow2"`` (the default), sizes such as ``[64,
+    128, 256]``, or off (``None``). With it on, a ``torch.cat`` that appends to a
     longer tensor keeps its result, when it fits a bucket, padded to the
     bucket, so a sequence grown a step at a time (a KV cache, generated ids)
     builds programs per bucket, not per length; the values are the same. Used as a context manager, the
     previous sizes come back on exit. ``TPU_RS_SHAPE_BUCKETS`` sets them
-    for a process."""
+    for a process (``off`` turns them off)."""
     if buckets is None:
         spec = "off"
     elif isinstance(buckets, str):
@@ -418,7 +418,7 @@ def _set_buckets(spec):
     from .aten import nn
 
     _C.set_shape_buckets(spec)
-    nn.route_attention(bool(_C.shape_buckets()))
+    nn.route_attention(False)  # until the next padded join
 
 
 def _bucket_sizes(buckets):

@@ -1,7 +1,7 @@
 //! Reductions and softmax, forward and backward.
 
-use tpu_core::Tensor;
 use tpu_core::op::Attrs;
+use tpu_core::{DType, Tensor};
 
 use super::{Call, Done, NativeOp, apply, apply_with, op};
 use crate::error::Result;
@@ -35,6 +35,18 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             Ok(Done::one(reduce(core, x, listed, keep)?))
         }));
     }
+    // Integers and bools add up in int64, as on the CPU.
+    ops.push(op("cumsum", &[], |c| {
+        let x = c.tensor(0)?;
+        let dtype = match c.scalar_type(2)? {
+            Some(d) => d,
+            None if x.dtype().is_float() => x.dtype(),
+            None => DType::I64,
+        };
+        let attrs = Attrs::new().with("dim", c.int(1)?);
+        let sums = apply_with("cumsum", &[cast(x, dtype)?], attrs)?;
+        Ok(Done::one(cast(sums, dtype)?))
+    }));
     for (name, core) in [("argmax", "argmax"), ("argmin", "argmin")] {
         ops.push(op(name, &[], move |c| {
             let mut attrs = Attrs::new().with("keepdim", c.flag_or(2, false)?);

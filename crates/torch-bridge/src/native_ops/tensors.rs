@@ -67,12 +67,102 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         let strides = strides.iter().map(|&s| s as usize).collect();
         unwritten(c, sizes, strides, 2, 4)
     }));
+    // (overload, where start, end and step sit, where dtype and device sit)
+    for (name, range, dtype, device) in [
+        ("arange", (None, 0, None), 1, 3),
+        ("arange.start", (Some(0), 1, None), 2, 4),
+        ("arange.start_step", (Some(0), 1, Some(2)), 3, 5),
+    ] {
+        let promote: &'static [usize] = match range {
+            (None, ..) => &[0],
+            (_, _, None) => &[0, 1],
+            _ => &[0, 1, 2],
+        };
+        ops.push(op(name, promote, move |c| arange(c, range, dtype, device)));
+    }
+    ops.push(op("constant_pad_nd", &[], |c| {
+        let pad = c.ints(1)?.unwrap_or(&[]);
+        let value = if c.has(2) { c.number(2)? } else { 0.0 };
+        if let Some(out) = crate::buckets::padded_pad(&view(c.tensor_ref(0)?)?, pad, value)? {
+            return Ok(Done::one(out));
+        }
+        let attrs = Attrs::new().with("pad", pad.to_vec()).with("value", value);
+        Ok(Done::one(apply_with("pad", &[c.tensor(0)?], attrs)?))
+    }));
     for (name, core) in [("tril", "tril"), ("triu", "triu")] {
         ops.push(op(name, &[], move |c| {
             let attrs = Attrs::new().with("diagonal", c.int_or(1, 0)?);
             Ok(Done::one(apply_with(core, &[c.tensor(0)?], attrs)?))
         }));
     }
+}
+
+/// `torch.arange` in one op (PyTorch's own path makes an empty tensor,
+/// resizes it and copies into it): the numbers at `range` (start, end,
+/// step; start 0 and step 1 where absent), in the dtype argument or else
+/// PyTorch's result type of the numbers, on the device argument or the
+/// current one. Integer bounds stay integers (past 2**53 a float would lose
+/// them).
+fn arange(
+    c: &Call<'_>,
+    (start, end, step): (Option<usize>, usize, Option<usize>),
+    dtype: usize,
+    device: usize,
+) -> Result<Done> {
+    let dtype = c.scalar_type(dtype)?.unwrap_or(c.promoted()?);
+    let device = match c.device_arg(device)? {
+        Some(Some(index)) if index >= 0 => index as usize,
+        _ => ffi::current_device().max(0) as usize,
+    };
+    crate::allocator::check_device(device)?;
+    let integral = |i: Option<usize>| i.is_none_or(|i| c.int(i).is_ok());
+    let mut attrs = Attrs::new().with("dtype", dtype);
+    let n = if integral(start) && integral(Some(end)) && integral(step) {
+        let int_at = |i: Option<usize>, default| i.map_or(Ok(default), |i| c.int(i));
+        let (a, b, s) = (int_at(start, 0)?, c.int(end)?, int_at(step, 1)?);
+        arange_bounds(b as f64 - a as f64, s as f64)?;
+        attrs = attrs.with("start", a).with("end", b).with("step", s);
+        // ceil((b - a) / s) in integers.
+        (-((a as i128 - b as i128).div_euclid(s as i128))).max(0) as usize
+    } else {
+        let number_at = |i: Option<usize>, default| i.map_or(Ok(default), |i| c.number(i));
+        let (a, b, s) = (
+            number_at(start, 0.0)?,
+            c.number(end)?,
+            number_at(step, 1.0)?,
+        );
+        arange_bounds(b - a, s)?;
+        attrs = attrs.with("start", a).with("end", b).with("step", s);
+        ((b - a) / s).ceil().max(0.0) as usize
+    };
+    if n == 0 {
+        let storage = storage::Storage::empty(dtype, 0, device)?;
+        return Ok(Done::one(Value::Unwritten {
+            storage,
+            sizes: vec![0],
+            strides: vec![1],
+        }));
+    }
+    let out = crate::kernels::call("arange", &[], &attrs, device)?.remove(0);
+    Ok(Done::one(out))
+}
+
+/// PyTorch's checks of an arange's span and step.
+fn arange_bounds(span: f64, step: f64) -> Result<()> {
+    if step == 0.0 {
+        return Err(error("step must be nonzero"));
+    }
+    if !(span.is_finite() && step.is_finite()) {
+        return Err(error(format!(
+            "unsupported range: the span {span} and step {step} must be finite"
+        )));
+    }
+    if span * step < 0.0 {
+        return Err(error(
+            "upper bound and lower bound inconsistent with step sign",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether tensor argument `i` with memory format argument `format` makes a

@@ -9,7 +9,6 @@ import torch
 from .. import _C
 from .elementwise import run
 from .registry import kernel, raw
-from .tensors import _index as _device_index
 
 
 def _i64(x):
@@ -277,14 +276,6 @@ def searchsorted_scalar(sorted_sequence, self, *, out_int32=False, right=False, 
     return searchsorted(sorted_sequence, value, out_int32=out_int32, right=right, side=side, sorter=sorter)
 
 
-@kernel("constant_pad_nd")
-def constant_pad_nd(self, pad, value=0):
-    # With shape buckets on, a padded tensor padded further along its
-    # growing dim reads its padded storage.
-    padded = _C.padded_pad(self, list(pad), float(value))
-    return run("pad", [self], {"pad": list(pad), "value": float(value)}) if padded is None else padded
-
-
 def _arange(start, end, step, dtype):
     """The length of ``arange(start, end, step)`` and the tpu-rs op's
     attributes for it in ``dtype``."""
@@ -309,21 +300,6 @@ def arange_out(start, end, step=1, *, out):
     if value is not None:
         _C.copy_into(out, value)
     return out
-
-
-@raw("arange", "arange.start", "arange.start_step")
-def arange(*args, dtype=None, layout=None, device=None, pin_memory=None):
-    """``torch.arange(..., device="tpu")`` in one op (PyTorch's own path
-    makes an empty tensor, resizes it and copies into it)."""
-    start, end, step = (0, *args, 1)[-3:] if len(args) == 1 else (*args, 1)[:3]
-    if dtype is None:
-        floats = any(isinstance(v, float) for v in (start, end, step))
-        dtype = torch.get_default_dtype() if floats else torch.int64
-    index = _device_index(device)
-    if index != 0:
-        return arange_out(start, end, step, out=_C.empty([0], dtype, index))
-    n, attrs = _arange(start, end, step, dtype)
-    return run("arange", [], attrs) if n > 0 else _C.empty([0], dtype, 0)
 
 
 def row_major_strides(sizes):

@@ -972,14 +972,13 @@ def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
 _attention_lib = None
 
 
-def route_attention(buckets_on):
-    """Attention over a padded KV cache needs the kernel above only while
-    shape buckets are on; otherwise PyTorch's composite runs (its math
-    path, chosen by ``_fused_sdp_choice``) with no Python on its path."""
+def route_attention(padded_keys_possible):
+    """Attention over a padded KV cache needs the kernel above; the bridge
+    routes attention to it from the first padded join after the buckets
+    were set (and off when they are set again). Otherwise PyTorch's
+    composite runs (its math path, chosen by ``_fused_sdp_choice``) with no
+    Python on its path."""
     global _attention_lib
     _attention_lib = above_autograd_while(
-        "scaled_dot_product_attention", _scaled_dot_product_attention, buckets_on, _attention_lib
+        "scaled_dot_product_attention", _scaled_dot_product_attention, padded_keys_possible, _attention_lib
     )
-
-
-route_attention(bool(_C.shape_buckets()))

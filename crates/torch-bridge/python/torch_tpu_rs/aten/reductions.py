@@ -172,14 +172,6 @@ def _log_softmax_backward_data(grad_output, output, dim, input_dtype):
     return out if out.dtype == input_dtype else run("cast", [out], {"dtype": input_dtype})
 
 
-@kernel("cumsum")
-def cumsum(self, dim, *, dtype=None):
-    x = self if dtype is None else run("cast", [self], {"dtype": dtype})
-    if dtype is None and not (x.dtype.is_floating_point):
-        x = run("cast", [x], {"dtype": torch.int64})
-    return run("cumsum", [x], {"dim": dim})
-
-
 @kernel("cummax")
 def cummax(self, dim):
     return tuple(_C.run("cummax", [self], {"dim": dim}))
