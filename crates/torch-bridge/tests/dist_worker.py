@@ -215,6 +215,54 @@ def ddp():
     dist.destroy_process_group()
 
 
+def transformer():
+    """Without biases: the key projection's bias has a gradient of exactly
+    zero in exact arithmetic (it shifts every score of a row alike), so its
+    rounding noise, which AdamW scales up to full steps, would be compared."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, bias=False)
+    return torch.nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+
+
+def fsdp2():
+    """FSDP2 ``fully_shard`` of a 4-layer transformer (each layer, then the
+    whole) on 2 ranks, each half of the global batch, against one model in
+    the same process on the full batch: equal losses and parameters after
+    each of 5 AdamW steps."""
+    rank, n = init()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = os.environ["TPU_DIST_TEST_RESHARD"] == "1"
+    with torch.tpu.set_eager_mode(os.environ["TPU_DIST_TEST_MODE"]):
+        mesh = init_device_mesh("tpu", (n,))
+        alone, sharded = transformer().to("tpu"), transformer().to("tpu")
+        for layer in sharded.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(sharded, mesh=mesh, reshard_after_forward=reshard)
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (alone, sharded)]
+        for step in range(5):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 6, 16, generator=g), torch.randn(8, 6, 16, generator=g)
+            part = slice(rank * 8 // n, (rank + 1) * 8 // n)
+            losses = []
+            for m, inputs, targets, opt in ((alone, x, y, opts[0]), (sharded, x[part], y[part], opts[1])):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(m(inputs.to("tpu")), targets.to("tpu"))
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+            dist.all_reduce(losses[1], op=dist.ReduceOp.AVG)
+            torch.testing.assert_close(losses[1].cpu(), losses[0].cpu(), rtol=1e-5, atol=1e-7)
+            for (name, a), b in zip(alone.named_parameters(), sharded.parameters()):
+                torch.testing.assert_close(
+                    b.full_tensor().cpu(), a.detach().cpu(), rtol=1e-5, atol=1e-6,
+                    msg=lambda m: f"step {step}, {name}: {m}",
+                )
+    print(f"rank {rank}: 5 steps equal", flush=True)
+    dist.destroy_process_group()
+
+
 def dtensor():
     """A column-parallel then row-parallel linear pair over a DTensor mesh
     of 2 tpu ranks, against one process's result."""
@@ -270,4 +318,4 @@ if __name__ == "__main__":
     if scenario == "collectives":
         collectives(os.environ.get("TPU_DIST_TEST_DEVICE", "tpu"))
     else:
-        {"mixed": mixed, "ddp": ddp, "dtensor": dtensor, "dead": dead}[scenario]()
+        {"mixed": mixed, "ddp": ddp, "fsdp2": fsdp2, "dtensor": dtensor, "dead": dead}[scenario]()

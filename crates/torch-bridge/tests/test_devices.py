@@ -131,3 +131,27 @@ def test_importing_under_another_torch_names_both_versions():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     built = torch.__version__.split("+")[0].rsplit(".", 1)[0]
     assert f"refused: torch_tpu_rs was built for torch {built}, but torch 2.99.0 is installed" in out.stdout, out.stderr[-2000:]
+
+
+def test_streams_are_the_devices_one_queue():
+    """Work issued on a side stream and waited for on the current one (as
+    FSDP2 does) gives the CPU's values; every stream is the one queue."""
+    x = torch.randn(64, 64)
+    side = torch.tpu.Stream(priority=-1)
+    assert side.device == torch.device("tpu", torch.tpu.current_device())
+    main = torch.tpu.current_stream()
+    assert main == torch.tpu.default_stream()
+    with torch.tpu.stream(side) as entered:
+        assert entered is side and torch.tpu.current_stream() == side
+        y = x.to("tpu") @ x.to("tpu")
+        done = side.record_event()
+    assert torch.tpu.current_stream() == main
+    main.wait_event(done)
+    main.wait_stream(side)
+    z = y + 1
+    done.synchronize()
+    assert done.query() and side.query()
+    side.synchronize()
+    assert_close(z, x @ x + 1, rtol=1e-5, atol=1e-4)
+    with torch.tpu.stream(None):
+        assert torch.tpu.current_stream() == main

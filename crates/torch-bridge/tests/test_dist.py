@@ -90,6 +90,14 @@ def test_ddp_on_2_ranks_equals_one_process_on_the_full_batch(mode):
     finish(start("ddp", 2, TPU_DIST_TEST_MODE=mode))
 
 
+@pytest.mark.parametrize("reshard", [True, False])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_fsdp2_on_2_ranks_equals_one_process_on_the_full_batch(mode, reshard):
+    outputs = finish(start("fsdp2", 2, TPU_DIST_TEST_MODE=mode, TPU_DIST_TEST_RESHARD=str(int(reshard))))
+    for rank, out in enumerate(outputs):
+        assert f"rank {rank}: 5 steps equal" in out, out
+
+
 def test_dtensor_column_and_row_parallel_linear_on_2_ranks():
     finish(start("dtensor", 2))
 

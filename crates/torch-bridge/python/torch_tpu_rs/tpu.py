@@ -13,6 +13,11 @@ from . import _C
 __all__ = [
     "EagerMode",
     "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
     "current_device",
     "device",
     "device_count",
@@ -119,6 +124,57 @@ class device(contextlib.ContextDecorator):
 
     def __exit__(self, *exc):
         set_device(self._previous)
+        return False
+
+
+def _tpu(device):
+    """``device`` (None, an index, a string or a ``torch.device``) as a tpu
+    ``torch.device`` with its index."""
+    return torch.device("tpu", _index(device))
+
+
+def Stream(device=None, priority=0):
+    """A ``torch.Stream`` on a tpu device (as ``torch.cuda.Stream``). A
+    device runs its work in the order it is issued, on one queue, and every
+    stream is that queue: work issued on one stream runs after work issued
+    earlier on any other, so ``wait_stream`` and ``wait_event`` always hold.
+    Code that overlaps work with side streams (FSDP2's all-gather and
+    reduce-scatter streams) runs correctly, without the overlap."""
+    return torch.Stream(_tpu(device), priority=priority)
+
+
+def current_stream(device=None):
+    """The stream work on ``device`` is issued to (see :func:`Stream`)."""
+    return torch.accelerator.current_stream(_tpu(device))
+
+
+def default_stream(device=None):
+    """The device's default stream: its one queue (see :func:`Stream`)."""
+    return torch.Stream(_tpu(device))
+
+
+def set_stream(stream):
+    """Makes ``stream`` the current stream of its device."""
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+class stream(contextlib.AbstractContextManager):
+    """Within it, ``stream`` is the current stream of its device (as
+    ``torch.cuda.stream``; ``None`` changes nothing)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __enter__(self):
+        if self._stream is not None:
+            self._previous = torch.accelerator.current_stream(self._stream.device)
+            torch.accelerator.set_stream(self._stream)
+        return self._stream
+
+    def __exit__(self, *exc):
+        if self._stream is not None:
+            torch.accelerator.set_stream(self._previous)
         return False
 
 
