@@ -77,20 +77,17 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
     let grad_scale = c.tensor_opt(13)?;
     let skip = found_inf(c, 14)?;
     for i in 0..n {
-        let d = super::dtype(params[i].dtype)?;
-        let m = opmath(d);
+        let m = opmath(super::dtype(params[i].dtype)?);
         let lr = learning_rate(c, 6, m)?;
         let k = |v: f64| c.constant(m, v);
-        let param = cast(read(&params[i])?, m)?;
-        let mut grad = cast(read(&grads[i])?, m)?;
-        let mut updates: Vec<(&ffi::TensorRef<'_>, Tensor)> = Vec::new();
-        if let Some(scale) = &grad_scale {
-            grad = apply("div", &[grad, cast(scale.clone(), m)?])?;
-            updates.push((&grads[i], grad.clone()));
-        }
-        if hp.maximize {
-            grad = apply("neg", &[grad])?;
-        }
+        let mut updates = Vec::new();
+        let (param, mut grad) = param_and_grad(
+            (&params[i], &grads[i]),
+            m,
+            grad_scale.as_ref(),
+            hp.maximize,
+            &mut updates,
+        )?;
         let mut p = param.clone();
         if hp.weight_decay != 0.0 {
             if decoupled {
@@ -143,12 +140,41 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         updates.push((&params[i], p));
         updates.push((&avgs[i], avg));
         updates.push((&sqs[i], sq));
-        for (target, value) in updates {
-            let value = unless_skipped(value, target, skip.as_ref(), m)?;
-            store_into(target, value)?;
-        }
+        write_unless_skipped(updates, skip.as_ref(), m)?;
     }
     Ok(Done::Written)
+}
+
+/// A parameter's writes: each target and its new value.
+type Updates<'a> = Vec<(&'a ffi::TensorRef<'a>, Tensor)>;
+
+/// A parameter and its gradient in `m`, as both fused optimizers start:
+/// the gradient unscaled by `grad_scale` (and written back so, as on the
+/// CPU), then negated to maximize.
+fn param_and_grad<'a>(
+    (param, grad): (&'a ffi::TensorRef<'a>, &'a ffi::TensorRef<'a>),
+    m: DType,
+    grad_scale: Option<&Tensor>,
+    maximize: bool,
+    updates: &mut Updates<'a>,
+) -> Result<(Tensor, Tensor)> {
+    let mut g = cast(read(grad)?, m)?;
+    if let Some(scale) = grad_scale {
+        g = apply("div", &[g, cast(scale.clone(), m)?])?;
+        updates.push((grad, g.clone()));
+    }
+    if maximize {
+        g = apply("neg", &[g])?;
+    }
+    Ok((cast(read(param)?, m)?, g))
+}
+
+/// Writes `updates`, each unless skipped (see [`unless_skipped`]).
+fn write_unless_skipped(updates: Updates<'_>, skip: Option<&Tensor>, m: DType) -> Result<()> {
+    for (target, value) in updates {
+        store_into(target, unless_skipped(value, target, skip, m)?)?;
+    }
+    Ok(())
 }
 
 /// The learning rate at argument `index` (a number or a tensor) in `m`.
@@ -193,16 +219,14 @@ fn sgd(c: &Call<'_>) -> Result<Done> {
     for i in 0..n {
         let m = opmath(super::dtype(params[i].dtype)?);
         let k = |v: f64| c.constant(m, v);
-        let param = cast(read(&params[i])?, m)?;
-        let mut grad = cast(read(&grads[i])?, m)?;
-        let mut updates: Vec<(&ffi::TensorRef<'_>, Tensor)> = Vec::new();
-        if let Some(scale) = &grad_scale {
-            grad = apply("div", &[grad, cast(scale.clone(), m)?])?;
-            updates.push((&grads[i], grad.clone()));
-        }
-        if maximize {
-            grad = apply("neg", &[grad])?;
-        }
+        let mut updates = Vec::new();
+        let (param, mut grad) = param_and_grad(
+            (&params[i], &grads[i]),
+            m,
+            grad_scale.as_ref(),
+            maximize,
+            &mut updates,
+        )?;
         if weight_decay != 0.0 {
             let decay = apply("mul", &[param.clone(), k(weight_decay)?])?;
             grad = apply("add", &[grad, decay])?;
@@ -228,10 +252,7 @@ fn sgd(c: &Call<'_>) -> Result<Done> {
         let lr = learning_rate(c, 5, m)?;
         let stepped = apply("sub", &[param, apply("mul", &[lr, grad])?])?;
         updates.push((&params[i], stepped));
-        for (target, value) in updates {
-            let value = unless_skipped(value, target, skip.as_ref(), m)?;
-            store_into(target, value)?;
-        }
+        write_unless_skipped(updates, skip.as_ref(), m)?;
     }
     Ok(Done::Written)
 }
