@@ -12,6 +12,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -31,7 +32,11 @@ c10::DeviceIndex count() noexcept {
       std::min<std::size_t>(device_count(), INT8_MAX));
 }
 
-thread_local c10::DeviceIndex current = 0;
+// The device `tpu` means in a thread that has not chosen one: tpu:0, or a
+// process's own device (`tpu:LOCAL_RANK` under torchrun).
+std::atomic<c10::DeviceIndex> process_default{0};
+
+thread_local c10::DeviceIndex current = process_default.load();
 
 void check_index(c10::DeviceIndex index) {
   const c10::DeviceIndex n = count();
@@ -236,5 +241,10 @@ void install() {
 int8_t current_device() { return current; }
 
 void set_current_device(int8_t index) { guard().setDevice({kTpu, index}); }
+
+void set_default_device(int8_t index) {
+  set_current_device(index);
+  process_default.store(index);
+}
 
 }  // namespace tpu_bridge

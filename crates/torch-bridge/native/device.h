@@ -18,4 +18,8 @@ int8_t current_device();
 // is no such device.
 void set_current_device(int8_t index);
 
+// Makes `index` the current device of this thread and of every thread that
+// has not chosen one yet; throws when there is no such device.
+void set_default_device(int8_t index);
+
 }  // namespace tpu_bridge

@@ -105,6 +105,7 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(native::current_device, m)?)?;
     m.add_function(wrap_pyfunction!(native::set_device, m)?)?;
+    m.add_function(wrap_pyfunction!(native::set_default_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(device::device_name, m)?)?;
     m.add_function(wrap_pyfunction!(device::describe, m)?)?;

@@ -213,6 +213,7 @@ pub(crate) mod ffi {
         fn install() -> Result<()>;
         fn current_device() -> i8;
         fn set_current_device(index: i8) -> Result<()>;
+        fn set_default_device(index: i8) -> Result<()>;
     }
 }
 
@@ -343,6 +344,15 @@ pub fn install() -> Result<()> {
 #[pyfunction]
 pub fn current_device() -> usize {
     ffi::current_device().max(0) as usize
+}
+
+/// Makes `index` the current tpu device of this thread and of every thread
+/// that has not chosen one (the process's own device under torchrun).
+#[pyfunction]
+pub fn set_default_device(index: usize) -> PyResult<()> {
+    let index = i8::try_from(index).unwrap_or(i8::MAX);
+    ffi::set_default_device(index).map_err(|e| BridgeError::Device(e.what().to_string()))?;
+    Ok(())
 }
 
 /// Makes `index` the calling thread's current tpu device.

@@ -194,9 +194,14 @@ def ddp():
     """DDP on 2 ranks, each half of the global batch, against one model in
     the same process on the full batch: equal parameters after every step."""
     rank, n = init()
+    # As under torchrun: each rank's `tpu` is tpu:LOCAL_RANK, when the
+    # process has that many devices (in every thread, autograd's too).
+    own = rank if rank < torch.tpu.device_count() else 0
+    assert torch.tpu.current_device() == own, (torch.tpu.current_device(), own)
     with torch.tpu.set_eager_mode(os.environ["TPU_DIST_TEST_MODE"]):
         alone = model().to("tpu")
         replica = model().to("tpu")
+        assert {p.device for p in replica.parameters()} == {torch.device("tpu", own)}
         ddp = torch.nn.parallel.DistributedDataParallel(replica, bucket_cap_mb=0.001)
         opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (alone, ddp)]
         for step in range(4):
@@ -208,6 +213,7 @@ def ddp():
                 torch.nn.functional.mse_loss(m(inputs.to("tpu")), targets.to("tpu")).backward()
                 opt.step()
             for (name, a), b in zip(alone.named_parameters(), replica.parameters()):
+                assert b.grad.device == torch.device("tpu", own), b.grad.device
                 torch.testing.assert_close(
                     b.detach().cpu(), a.detach().cpu(), rtol=0, atol=1e-5,
                     msg=lambda m: f"step {step}, {name}: {m}",

@@ -1,8 +1,10 @@
 """Registers ``tpu`` with PyTorch as the PrivateUse1 backend."""
 
+import os
+
 import torch
 
-from . import _compile, _transformers, tpu
+from . import _C, _compile, _transformers, tpu
 
 
 def _reduce_ex(original):
@@ -42,6 +44,17 @@ def _deepcopy(original):
 _registered = False
 
 
+def _use_local_rank():
+    """Under torchrun (``LOCAL_RANK`` set), ``tpu`` means ``tpu:LOCAL_RANK``
+    in every thread that has not chosen a device, when the plugin has that
+    many devices in this process; else ``tpu:0``, as without torchrun."""
+    local_rank = os.environ.get("LOCAL_RANK")
+    if local_rank is None or not local_rank.isdigit():
+        return
+    if 0 < int(local_rank) < tpu.device_count():
+        _C.set_default_device(int(local_rank))
+
+
 def register():
     global _registered
     if _registered:
@@ -61,6 +74,7 @@ def register():
     torch.nn.Parameter.__deepcopy__ = _deepcopy(torch.nn.Parameter.__deepcopy__)
     _transformers.install()
     _compile.route_inductor()
+    _use_local_rank()
     from . import aten  # noqa: F401  (registers the kernels)
 
     if torch.distributed.is_available():
