@@ -3,6 +3,7 @@ copies between devices (the XLA CPU plugin makes 4 by default;
 ``TPU_RS_CPU_DEVICES`` sets how many)."""
 
 import copy
+import os
 import subprocess
 import sys
 import threading
@@ -155,3 +156,20 @@ def test_streams_are_the_devices_one_queue():
     assert_close(z, x @ x + 1, rtol=1e-5, atol=1e-4)
     with torch.tpu.stream(None):
         assert torch.tpu.current_stream() == main
+
+
+def test_local_rank_is_the_device_of_every_thread_that_chose_none():
+    """Under torchrun: ``tpu`` is ``tpu:LOCAL_RANK`` when the process has
+    that many devices, in the importing thread and in new ones; else tpu:0."""
+    code = (
+        "import threading, torch\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(torch.tpu.current_device()))\n"
+        "t.start(); t.join()\n"
+        "print(torch.tpu.current_device(), seen[0], torch.ones(1, device='tpu').device)\n"
+    )
+    for local_rank, expected in (("1", "1 1 tpu:1"), ("2", "0 0 tpu:0")):
+        env = {**os.environ, "LOCAL_RANK": local_rank, "TPU_RS_CPU_DEVICES": "2"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().splitlines()[-1] == expected
