@@ -14,11 +14,9 @@ __all__ = [
     "EagerMode",
     "Event",
     "Stream",
+    "current_device",
     "current_stream",
     "default_stream",
-    "set_stream",
-    "stream",
-    "current_device",
     "device",
     "device_count",
     "empty_cache",
@@ -49,7 +47,9 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_shape_buckets",
+    "set_stream",
     "shape_buckets",
+    "stream",
     "synchronize",
 ]
 
@@ -183,7 +183,7 @@ def Event(enable_timing=False, blocking=False, interprocess=False):
     ``record``, ``synchronize``, ``query`` and, with ``enable_timing``,
     ``elapsed_time``."""
     return torch.Event(
-        torch.device("tpu", current_device()),
+        _tpu(None),
         enable_timing=enable_timing,
         blocking=blocking,
         interprocess=interprocess,

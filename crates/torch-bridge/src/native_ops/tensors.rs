@@ -110,11 +110,7 @@ fn arange(
     device: usize,
 ) -> Result<Done> {
     let dtype = c.scalar_type(dtype)?.unwrap_or(c.promoted()?);
-    let device = match c.device_arg(device)? {
-        Some(Some(index)) if index >= 0 => index as usize,
-        _ => ffi::current_device().max(0) as usize,
-    };
-    crate::allocator::check_device(device)?;
+    let device = factory_device(c, device)?;
     let integral = |i: Option<usize>| i.is_none_or(|i| c.int(i).is_ok());
     let mut attrs = Attrs::new().with("dtype", dtype);
     let n = if integral(start) && integral(Some(end)) && integral(step) {
@@ -136,12 +132,7 @@ fn arange(
         ((b - a) / s).ceil().max(0.0) as usize
     };
     if n == 0 {
-        let storage = storage::Storage::empty(dtype, 0, device)?;
-        return Ok(Done::one(Value::Unwritten {
-            storage,
-            sizes: vec![0],
-            strides: vec![1],
-        }));
+        return unwritten_on(device, dtype, vec![0], vec![1]);
     }
     let out = crate::kernels::call("arange", &[], &attrs, device)?.remove(0);
     Ok(Done::one(out))
@@ -250,11 +241,28 @@ fn unwritten(
     device: usize,
 ) -> Result<Done> {
     let dtype = c.scalar_type(dtype)?.unwrap_or(c.default_float);
-    let device = match c.device_arg(device)? {
+    unwritten_on(factory_device(c, device)?, dtype, sizes, strides)
+}
+
+/// The device a factory makes its tensor on: its device argument `i`, or
+/// the current device; checked to exist.
+fn factory_device(c: &Call<'_>, i: usize) -> Result<usize> {
+    let device = match c.device_arg(i)? {
         Some(Some(index)) if index >= 0 => index as usize,
         _ => ffi::current_device().max(0) as usize,
     };
     crate::allocator::check_device(device)?;
+    Ok(device)
+}
+
+/// A new `dtype` storage on `device`, allocated when first written, viewed
+/// with `sizes` and `strides`.
+fn unwritten_on(
+    device: usize,
+    dtype: tpu_core::DType,
+    sizes: Vec<usize>,
+    strides: Vec<usize>,
+) -> Result<Done> {
     let numel = if sizes.contains(&0) {
         0
     } else {
