@@ -72,6 +72,7 @@ const VARIABLES: &[&str] = &[
     "TPU_RS_DEFER_MAX_OPS",
     "TPU_RS_DEFER_MAX_BYTES",
     "TPU_RS_CPU_DEVICES",
+    "TPU_RS_CPU_ASYNC",
     "TPU_RS_CACHE_MAX_BYTES",
 ];
 
@@ -93,6 +94,8 @@ const NEAR_MISSES: &[&str] = &[
     "2G",
     "3 MiB",
     "1e3",
+    "off",
+    "True",
     "18446744073709551616",
 ];
 
@@ -121,6 +124,7 @@ pub fn settings(data: &[u8]) {
     check_setting(DebugChecks::from_lookup(get).map(drop));
     check_setting(DeferConfig::from_lookup(get).map(drop));
     check_setting(settings::count(get, "TPU_RS_CPU_DEVICES").map(drop));
+    check_setting(settings::switch(get, "TPU_RS_CPU_ASYNC").map(drop));
     check_setting(settings::bytes(get, "TPU_RS_CACHE_MAX_BYTES").map(drop));
 }
 

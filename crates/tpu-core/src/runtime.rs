@@ -34,6 +34,10 @@ impl Runtime {
                 crate::profile::start_from_env()?;
                 let options = ClientOptions {
                     cpu_device_count: cpu_devices_from_env()?,
+                    cpu_asynchronous: crate::settings::switch(
+                        &crate::settings::env,
+                        "TPU_RS_CPU_ASYNC",
+                    )?,
                     kv_store: KV_STORE.get().cloned(),
                 };
                 Runtime::new(Plugin::from_env()?, &options)

@@ -31,6 +31,17 @@ pub fn count(get: Lookup<'_>, name: &'static str) -> Result<Option<usize>> {
         .transpose()
 }
 
+/// A switch: `1`, `true`, `on` or `yes`; `0`, `false`, `off` or `no`.
+pub fn switch(get: Lookup<'_>, name: &'static str) -> Result<Option<bool>> {
+    get(name)?
+        .map(|text| match text.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "on" | "yes" => Ok(true),
+            "0" | "false" | "off" | "no" => Ok(false),
+            _ => Err(invalid(name, &text, "must be on or off (1/0, true/false)")),
+        })
+        .transpose()
+}
+
 /// A size in bytes: an integer, optionally with a `K`, `M`, `G` or `T`
 /// suffix (powers of 1024, `KiB` and `KB` spellings too).
 pub fn bytes(get: Lookup<'_>, name: &'static str) -> Result<Option<u64>> {
@@ -117,6 +128,31 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn switches_take_common_spellings_and_reject_others() {
+        for (text, want) in [
+            ("1", true),
+            (" On ", true),
+            ("yes", true),
+            ("0", false),
+            ("OFF", false),
+        ] {
+            assert_eq!(
+                switch(&one(text), "TPU_RS_X").unwrap(),
+                Some(want),
+                "{text}"
+            );
+        }
+        assert_eq!(switch(&|_| Ok(None), "TPU_RS_X").unwrap(), None);
+        let err = switch(&one("maybe"), "TPU_RS_CPU_ASYNC")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TPU_RS_CPU_ASYNC") && err.contains("maybe"),
+            "{err}"
+        );
     }
 
     #[test]

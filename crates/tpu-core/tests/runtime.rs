@@ -627,6 +627,7 @@ fn a_client_with_key_value_callbacks_runs_programs() {
     let options = ClientOptions {
         cpu_device_count: Some(2),
         kv_store: Some(tpu_core::pjrt::KeyValueStoreHandle(store.clone())),
+        ..ClientOptions::default()
     };
     let c = Client::new(plugin(), &options).expect("client with callbacks");
     assert_eq!(c.device_count(), 2);
@@ -647,5 +648,46 @@ fn a_client_with_key_value_callbacks_runs_programs() {
             tpu_core::pjrt::KeyValueStore::get(&*store, key, std::time::Duration::ZERO).unwrap(),
             *value
         );
+    }
+}
+
+/// A 512-wide matmul chain: milliseconds of work, far past the size the
+/// CPU plugin runs inline on its own.
+const LONG_MATMULS: &str = r#"
+func.func @main(%a: tensor<512x512xf32>) -> tensor<512x512xf32> {
+  %0 = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+  %1 = stablehlo.dot_general %0, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+  %2 = stablehlo.dot_general %1, %a, contracting_dims = [1] x [0] : (tensor<512x512xf32>, tensor<512x512xf32>) -> tensor<512x512xf32>
+  return %2 : tensor<512x512xf32>
+}"#;
+
+#[test]
+fn a_synchronous_cpu_client_finishes_each_program_before_launch_returns() {
+    let c = Client::new(
+        plugin(),
+        &ClientOptions {
+            cpu_asynchronous: Some(false),
+            ..ClientOptions::default()
+        },
+    )
+    .expect("synchronous client");
+    let exe = c.compile(LONG_MATMULS, &CompileOptions::default()).unwrap();
+    // Powers of two stay exact: a = I/2 gives a^4 = I/16.
+    let n = 512;
+    let mut half_identity = vec![0.0f32; n * n];
+    for i in 0..n {
+        half_identity[i * n + i] = 0.5;
+    }
+    let a = c.buffer_from_slice(&half_identity, [n, n], 0).unwrap();
+    for _ in 0..3 {
+        let out = exe.run(&[&a]).unwrap();
+        assert!(
+            out[0].ready_event().unwrap().is_ready().unwrap(),
+            "the result must be ready when the launch returns"
+        );
+        let values = out[0].to_vec::<f32>().unwrap();
+        assert_eq!(values[0], 0.0625);
+        assert_eq!(values[1], 0.0);
+        assert_eq!(values[n * n - 1], 0.0625);
     }
 }

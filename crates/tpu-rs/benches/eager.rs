@@ -103,10 +103,10 @@ fn transformer_block(
 }
 
 /// Strict dispatch of a tiny op vs executing its compiled program directly.
-fn per_op_overhead() -> Result<()> {
+fn per_op_overhead(shape: &[usize]) -> Result<()> {
     let runtime = Runtime::global()?;
-    let x = tensor(&[4], 1, 1.0)?;
-    let y = tensor(&[4], 2, 1.0)?;
+    let x = tensor(shape, 1, 1.0)?;
+    let y = tensor(shape, 2, 1.0)?;
     let program = tpu_core::op::single_op_program(
         tpu_ops::registry()?.get("add")?,
         &[x.ty().clone(), y.ty().clone()],
@@ -134,7 +134,7 @@ fn per_op_overhead() -> Result<()> {
     })??;
     println!(
         "{:<34} floor  {:>9.2} us  strict {:>9.2} us  overhead {:>5.2}x the floor",
-        "per-op dispatch (add, 4 f32)",
+        format!("per-op dispatch (add, f32 {shape:?})"),
         floor.as_secs_f64() * 1e6,
         strict.as_secs_f64() * 1e6,
         strict.as_secs_f64() / floor.as_secs_f64()
@@ -145,7 +145,10 @@ fn per_op_overhead() -> Result<()> {
 fn main() -> Result<()> {
     tpu_rs::link();
     println!("{}", Runtime::global()?.describe(0)?);
-    per_op_overhead()?;
+    per_op_overhead(&[4])?;
+    for n in [32, 64] {
+        per_op_overhead(&[n, n])?;
+    }
 
     let x = tensor(&[2048, 2048], 3, 1.0)?;
     let s = Tensor::scalar(0.5, DType::F32, DEVICE)?;

@@ -93,6 +93,7 @@ fn malformed_settings_are_errors_naming_the_variable() {
         ("TPU_RS_DEFER_MAX_BYTES", "-1", Some("defer_and_fuse")),
         ("TPU_RS_DEBUG_CHECKS", "nan,parrity", Some("debug")),
         ("TPU_RS_CPU_DEVICES", "zero", None),
+        ("TPU_RS_CPU_ASYNC", "sometimes", None),
         ("TPU_RS_CACHE_MAX_BYTES", "lots", None),
     ];
     for (variable, value, mode) in cases {

@@ -77,6 +77,9 @@ impl Plugin {
         if file_name.contains("libtpu") {
             prepare_libtpu_env();
         }
+        if super::discovery::known_plugin_at(&path).is_some_and(|p| p.platform == "cpu") {
+            quiet_cpu_plugin_logs();
+        }
         if let Some(warning) = writable_by_others(&path) {
             // Shown whether or not a tracing subscriber is installed: the
             // plugin runs as this process.
@@ -221,6 +224,16 @@ fn prepare_libtpu_env() {
         // threads of its own; our own code reads the environment only
         // through std, which serialises access.
         unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
+    }
+}
+
+/// The XLA CPU plugin logs each create option it reads at INFO level to
+/// stderr; keep its warnings and errors only, unless the user chose a level.
+fn quiet_cpu_plugin_logs() {
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        // SAFETY: as in `prepare_libtpu_env`: under the plugin-loading lock,
+        // before the plugin starts threads of its own.
+        unsafe { std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1") };
     }
 }
 
