@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -45,14 +44,6 @@ void check_index(c10::DeviceIndex index) {
               " is out of range: this process sees ", static_cast<int>(n),
               " tpu device(s))");
 }
-
-// A recorded event that keeps no time.
-void* const kMarker = reinterpret_cast<void*>(1);
-
-// A recorded timing event: when the work before it had finished.
-struct TimedEvent {
-  std::chrono::steady_clock::time_point at;
-};
 
 // Work runs in order per device, so each device has one stream and a
 // synchronize drains everything (a superset of any one stream or event).
@@ -89,48 +80,38 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   }
   c10::DeviceIndex deviceCount() const noexcept override { return count(); }
 
-  // An event marks "everything enqueued so far"; a recorded event is a
-  // non-null marker. Waiting on one drains the device. A timing event
-  // (`enable_timing=True`) drains the device when recorded and notes the
-  // time it finished, so the time between two is the device's work
-  // between them.
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+  // A recorded event is a `DeviceEvent` (events.rs): the completion of a
+  // mark launched after all work issued so far on its device. A timing
+  // event (`enable_timing=True`) also notes when that mark completed.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
               const c10::EventFlag flag) const override {
-    if (flag != c10::EventFlag::BACKEND_DEFAULT) {
-      if (*event == nullptr) *event = kMarker;
-      return;
-    }
-    synchronize();
-    auto* timed = *event == nullptr || *event == kMarker
-                      ? new TimedEvent()
-                      : static_cast<TimedEvent*>(*event);
-    timed->at = std::chrono::steady_clock::now();
-    *event = timed;
+    rust::Box<DeviceEvent> recorded = record_event(
+        stream.device_index(), flag == c10::EventFlag::BACKEND_DEFAULT);
+    destroyEvent(*event, stream.device_index());
+    *event = recorded.into_raw();
   }
   double elapsedTime(void* start, void* end,
                      const c10::DeviceIndex) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "Both events must be recorded before calculating elapsed time.");
-    TORCH_CHECK(start != kMarker && end != kMarker,
-                "Both events must be created with argument 'enable_timing=True'.");
-    const auto* a = static_cast<const TimedEvent*>(start);
-    const auto* b = static_cast<const TimedEvent*>(end);
-    return std::chrono::duration<double, std::milli>(b->at - a->at).count();
+    return static_cast<const DeviceEvent*>(start)->elapsed_ms(
+        *static_cast<const DeviceEvent*>(end));
   }
+  // Every stream is the device's one queue: nothing to order.
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void* event) const override {
-    if (event != nullptr) synchronize();
-    return true;
+    return event == nullptr || static_cast<const DeviceEvent*>(event)->query();
   }
   void synchronizeEvent(void* event) const override {
-    if (event != nullptr) synchronize();
+    if (event != nullptr) static_cast<const DeviceEvent*>(event)->wait();
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    if (event != nullptr && event != kMarker) delete static_cast<TimedEvent*>(event);
+    if (event != nullptr) {
+      rust::Box<DeviceEvent>::from_raw(static_cast<DeviceEvent*>(event));
+    }
   }
-  bool queryStream(const c10::Stream&) const override {
-    synchronize();
-    return true;
+  bool queryStream(const c10::Stream& stream) const override {
+    return record_event(stream.device_index(), false)->query();
   }
   void synchronizeStream(const c10::Stream&) const override { synchronize(); }
   void synchronizeDevice(const c10::DeviceIndex) const override {

@@ -15,6 +15,7 @@ mod device;
 mod dist;
 mod dlpack;
 mod error;
+mod events;
 mod kernels;
 mod native;
 mod native_kernels;

@@ -8,6 +8,7 @@
 use pyo3::prelude::*;
 
 use crate::error::{BridgeError, Result};
+use crate::events::DeviceEvent;
 
 #[cxx::bridge(namespace = "tpu_bridge")]
 pub(crate) mod ffi {
@@ -166,6 +167,14 @@ pub(crate) mod ffi {
     extern "Rust" {
         fn device_count() -> usize;
         fn synchronize() -> Result<()>;
+
+        /// A recorded event: see `events.rs`.
+        type DeviceEvent;
+        fn record_event(device: i8, timing: bool) -> Result<Box<DeviceEvent>>;
+        fn query(self: &DeviceEvent) -> Result<bool>;
+        fn wait(self: &DeviceEvent) -> Result<()>;
+        fn elapsed_ms(self: &DeviceEvent, end: &DeviceEvent) -> Result<f64>;
+
         fn resize_storage(address: usize, nbytes: usize) -> Result<()>;
         fn allocate_storage(nbytes: usize, device: i8) -> Allocation;
         fn release_storage(address: usize);
@@ -236,6 +245,10 @@ fn device_count() -> usize {
 
 fn synchronize() -> Result<()> {
     crate::kernels::synchronize()
+}
+
+fn record_event(device: i8, timing: bool) -> Result<Box<DeviceEvent>> {
+    crate::events::record(device.max(0) as usize, timing)
 }
 
 fn resize_storage(address: usize, nbytes: usize) -> Result<()> {

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -107,6 +108,39 @@ def test_torch_accelerator_and_events_see_the_tpu():
     assert_close(y, x.cpu() @ x.cpu(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_events_time_the_device_and_query_does_not_wait(mode):
+    """An event marks the work issued before it: ``query`` is False while a
+    long program runs and True after; ``elapsed_time`` is the device's time
+    between two events, within 2x of the wall time around it."""
+    x = torch.randn(1024, 1024, device="tpu") / 32
+    with torch.tpu.set_eager_mode(mode):
+        warm = x @ x @ x  # compiled before the timed run
+        torch.tpu.synchronize()
+        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        began = time.perf_counter()
+        start.record()
+        y = x
+        for _ in range(24):
+            y = y @ x
+        end.record()
+        assert not end.query(), "the event fired before the work it marks could finish"
+        end.synchronize()
+        wall_ms = (time.perf_counter() - began) * 1e3
+        assert end.query() and start.query()
+        device_ms = start.elapsed_time(end)
+        assert 0 < device_ms <= wall_ms * 1.05 and device_ms >= wall_ms / 2, (device_ms, wall_ms)
+        assert torch.tpu.current_stream().query()
+    assert_close(warm, (x.cpu() @ x.cpu()) @ x.cpu(), rtol=1e-4, atol=1e-5)
+    plain = torch.tpu.Event()
+    plain.record()
+    with pytest.raises(ValueError, match="enable_timing=True"):  # as torch.cuda.Event
+        start.elapsed_time(plain)
+    unrecorded = torch.tpu.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="must be recorded"):
+        unrecorded.elapsed_time(end)
+
+
 def test_pinned_memory_and_non_blocking_copies_equal_the_cpu():
     x = torch.randn(8, 16)
     pinned = x.pin_memory()
@@ -151,8 +185,9 @@ def test_streams_are_the_devices_one_queue():
     main.wait_stream(side)
     z = y + 1
     done.synchronize()
-    assert done.query() and side.query()
-    side.synchronize()
+    assert done.query()
+    side.synchronize()  # every stream is the one queue: z too
+    assert side.query() and main.query()
     assert_close(z, x @ x + 1, rtol=1e-5, atol=1e-4)
     with torch.tpu.stream(None):
         assert torch.tpu.current_stream() == main

@@ -5,7 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use crate::cache::CompileCache;
 use crate::error::{Error, Result};
-use crate::pjrt::{Client, ClientOptions, CompileOptions, Executable, KeyValueStoreHandle, Plugin};
+use crate::pjrt::{
+    Client, ClientOptions, CompileOptions, Event, Executable, KeyValueStoreHandle, Plugin,
+};
 
 static GLOBAL: OnceLock<Result<Runtime>> = OnceLock::new();
 static KV_STORE: OnceLock<KeyValueStoreHandle> = OnceLock::new();
@@ -66,6 +68,22 @@ impl Runtime {
     /// Compiles `program` through the cache.
     pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Arc<Executable>> {
         self.cache.get_or_compile(&self.client, program, options)
+    }
+
+    /// An event that fires once all work launched on `device` so far has
+    /// finished: a device runs its programs in launch order, so a tiny
+    /// program launched now completes after every one before it.
+    pub fn mark(&self, device: usize) -> Result<Event> {
+        const MARK: &str = "func.func @main() -> tensor<i32> {
+  %0 = stablehlo.constant dense<0> : tensor<i32>
+  return %0 : tensor<i32>
+}";
+        let exe = self.compile(MARK, &CompileOptions::on_device(device))?;
+        let outputs = exe.run(&[])?;
+        outputs
+            .first()
+            .ok_or_else(|| Error::Signature("the marking program returned no output".into()))?
+            .ready_event()
     }
 
     /// A description of device `index` that names the real platform, so a

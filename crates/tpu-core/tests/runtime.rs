@@ -691,3 +691,27 @@ fn a_synchronous_cpu_client_finishes_each_program_before_launch_returns() {
         assert_eq!(values[n * n - 1], 0.0625);
     }
 }
+
+#[test]
+fn a_mark_fires_after_the_work_launched_before_it() {
+    let runtime = tpu_core::Runtime::global().expect("runtime");
+    let c = runtime.client();
+    let exe = c.compile(LONG_MATMULS, &CompileOptions::default()).unwrap();
+    let n = 512;
+    let a = c
+        .buffer_from_slice(&vec![0.5f32; n * n], [n, n], 0)
+        .unwrap();
+    runtime.mark(0).unwrap().wait().unwrap();
+    let outputs: Vec<_> = (0..4).map(|_| exe.run(&[&a]).unwrap()).collect();
+    let mark = runtime.mark(0).unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    mark.on_ready(move |outcome| sender.send(outcome.is_ok()).unwrap())
+        .unwrap();
+    mark.wait_ref().unwrap();
+    assert!(mark.is_ready().unwrap());
+    for out in &outputs {
+        assert!(out[0].ready_event().unwrap().is_ready().unwrap());
+    }
+    let fired = receiver.recv_timeout(std::time::Duration::from_secs(30));
+    assert_eq!(fired, Ok(true), "on_ready ran with the work's outcome");
+}

@@ -29,6 +29,33 @@ impl Event {
         pjrt_call!(self.api, PJRT_Event_Await, &mut args)
     }
 
+    /// Blocks until the event fires, keeping it (it may be awaited again).
+    pub fn wait_ref(&self) -> Result<()> {
+        let mut args = Padded::<sys::PJRT_Event_Await_Args>::new();
+        args.event = self.raw;
+        pjrt_call!(self.api, PJRT_Event_Await, &mut args)
+    }
+
+    /// Calls `done` once the tracked work has finished (at once if it has),
+    /// on whichever thread completes it, with the work's error if it failed.
+    pub fn on_ready(&self, done: impl FnOnce(Result<()>) + Send + 'static) -> Result<()> {
+        let callback: Box<OnReady> = Box::new(OnReady {
+            api: self.api,
+            done: Box::new(done),
+        });
+        let mut args = Padded::<sys::PJRT_Event_OnReady_Args>::new();
+        args.event = self.raw;
+        args.callback = Some(fire);
+        args.user_arg = Box::into_raw(callback).cast();
+        let registered = pjrt_call!(self.api, PJRT_Event_OnReady, &mut args);
+        if registered.is_err() {
+            // SAFETY: the plugin refused the callback, so it will never call
+            // `fire`: the box is still ours to free.
+            drop(unsafe { Box::from_raw(args.user_arg.cast::<OnReady>()) });
+        }
+        registered
+    }
+
     /// True once the tracked work has finished.
     pub fn is_ready(&self) -> Result<bool> {
         let mut args = Padded::<sys::PJRT_Event_IsReady_Args>::new();
@@ -36,6 +63,23 @@ impl Event {
         pjrt_call!(self.api, PJRT_Event_IsReady, &mut args)?;
         Ok(args.is_ready)
     }
+}
+
+/// What [`Event::on_ready`] hands the plugin: the closure and the table
+/// that turns its error into ours.
+struct OnReady {
+    api: Api,
+    done: Box<dyn FnOnce(Result<()>) + Send>,
+}
+
+/// The plugin's completion callback.
+unsafe extern "C" fn fire(error: *mut sys::PJRT_Error, user_arg: *mut std::os::raw::c_void) {
+    // SAFETY: `user_arg` is the box `on_ready` leaked; the plugin calls this
+    // exactly once, so it is taken back exactly once.
+    let callback = unsafe { Box::from_raw(user_arg.cast::<OnReady>()) };
+    // The callback owns `error`; `check` frees it.
+    let outcome = callback.api.check("PJRT_Event_OnReady", error);
+    (callback.done)(outcome);
 }
 
 impl Drop for Event {

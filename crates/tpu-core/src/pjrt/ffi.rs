@@ -60,6 +60,7 @@ impl_args!(
     PJRT_Event_Destroy_Args,
     PJRT_Event_Await_Args,
     PJRT_Event_IsReady_Args,
+    PJRT_Event_OnReady_Args,
     PJRT_Buffer_Destroy_Args,
     PJRT_Buffer_ToHostBuffer_Args,
     PJRT_Buffer_CopyToDevice_Args,
