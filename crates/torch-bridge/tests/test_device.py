@@ -17,7 +17,8 @@ from conftest import assert_close
 def test_device_queries():
     assert torch.tpu.is_available()
     assert torch.tpu.device_count() >= 1
-    assert torch.tpu.get_device_name() == "tpu-rs on cpu (XLA CPU PJRT plugin)"
+    assert torch.tpu.get_device_name() == "tpu-rs tpu:0 on cpu (XLA CPU PJRT plugin)"
+    assert torch.tpu.get_device_name("tpu:1") == "tpu-rs tpu:1 on cpu (XLA CPU PJRT plugin)"
     props = torch.tpu.get_device_properties(0)
     assert "via PJRT plugin" in props.description
     assert torch.device("tpu").type == "tpu"

@@ -202,9 +202,12 @@ def test_local_rank_is_the_device_of_every_thread_that_chose_none():
         "t = threading.Thread(target=lambda: seen.append(torch.tpu.current_device()))\n"
         "t.start(); t.join()\n"
         "print(torch.tpu.current_device(), seen[0], torch.ones(1, device='tpu').device)\n"
+        "print(torch.tpu.get_device_name())\n"
     )
     for local_rank, expected in (("1", "1 1 tpu:1"), ("2", "0 0 tpu:0")):
         env = {**os.environ, "LOCAL_RANK": local_rank, "TPU_RS_CPU_DEVICES": "2"}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip().splitlines()[-1] == expected
+        devices, name = out.stdout.strip().splitlines()[-2:]
+        assert devices == expected
+        assert name == f"tpu-rs {expected.split()[-1]} on cpu (XLA CPU PJRT plugin)"

@@ -255,12 +255,15 @@ def set_rng_state_all(states):
 
 
 def get_device_name(device=None):
-    """The device kind as the platform names it (``TPU v5 lite``), and on
-    the XLA CPU plugin what it is: ``tpu-rs on cpu (XLA CPU PJRT plugin)``."""
-    name = _C.device_name(_index(device))
+    """The device kind as the platform names it and which device it is
+    (``TPU v5 lite (tpu:1)``); on the XLA CPU plugin, what it is:
+    ``tpu-rs tpu:1 on cpu (XLA CPU PJRT plugin)``. Under ``torchrun`` the
+    default is this process's device, ``tpu:LOCAL_RANK``."""
+    index = _index(device)
+    name = _C.device_name(index)
     if _C.platform() == "cpu":
-        return f"tpu-rs on {name} (XLA CPU PJRT plugin)"
-    return name
+        return f"tpu-rs tpu:{index} on {name} (XLA CPU PJRT plugin)"
+    return f"{name} (tpu:{index})"
 
 
 def get_device_capability(device=None):
