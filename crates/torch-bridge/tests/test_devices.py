@@ -84,6 +84,28 @@ def test_backward_on_another_device_equals_the_cpu(index):
     assert torch.tpu.current_device() == 0
 
 
+def test_a_model_on_tpu2_trains_like_the_cpu():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    tpu = copy.deepcopy(cpu).to("tpu:2")
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, tpu)]
+    x, target = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    for _ in range(5):
+        losses = []
+        for model, opt, device in ((cpu, opts[0], "cpu"), (tpu, opts[1], "tpu:2")):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x.to(device)), target.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+        assert losses[1].device == torch.device("tpu", 2)
+        assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for p, q in zip(cpu.parameters(), tpu.parameters()):
+        assert q.device == torch.device("tpu", 2)
+        assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert torch.tpu.current_device() == 0
+
+
 def test_the_current_device_is_per_thread():
     torch.tpu.set_device(1)
     seen = []
