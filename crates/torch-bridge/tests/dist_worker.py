@@ -190,10 +190,31 @@ def model():
     )
 
 
+def noting_collective_ends(ends):
+    """Appends to ``ends`` the time each tpu_dist collective finishes."""
+    from torch_tpu_rs import _dist
+
+    submit = _dist.TpuDistBackend._submit
+
+    def noting(self, name, run, result):
+        def timed():
+            run()
+            ends.append(time.perf_counter())
+
+        return submit(self, name, timed, result)
+
+    _dist.TpuDistBackend._submit = noting
+
+
 def ddp():
     """DDP on 2 ranks, each half of the global batch, against one model in
-    the same process on the full batch: equal parameters after every step."""
+    the same process on the full batch: equal parameters after every step.
+    The gradient all-reduce overlaps backward: in some step, the first
+    layer's gradient (among the last computed) exists before the first
+    bucket's all-reduce (the last layer's) has finished."""
     rank, n = init()
+    ends, first_layer_grad, overlapped = [], [], 0
+    noting_collective_ends(ends)
     # As under torchrun: each rank's `tpu` is tpu:LOCAL_RANK, when the
     # process has that many devices (in every thread, autograd's too).
     own = rank if rank < torch.tpu.device_count() else 0
@@ -203,8 +224,10 @@ def ddp():
         replica = model().to("tpu")
         assert {p.device for p in replica.parameters()} == {torch.device("tpu", own)}
         ddp = torch.nn.parallel.DistributedDataParallel(replica, bucket_cap_mb=0.001)
+        replica[0].weight.register_hook(lambda g: first_layer_grad.append(time.perf_counter()))
         opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (alone, ddp)]
         for step in range(4):
+            ends.clear(), first_layer_grad.clear()
             g = torch.Generator().manual_seed(step)
             x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
             part = slice(rank * 8 // n, (rank + 1) * 8 // n)
@@ -212,12 +235,15 @@ def ddp():
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(m(inputs.to("tpu")), targets.to("tpu")).backward()
                 opt.step()
+            overlapped += first_layer_grad[0] < ends[0]
             for (name, a), b in zip(alone.named_parameters(), replica.parameters()):
                 assert b.grad.device == torch.device("tpu", own), b.grad.device
                 torch.testing.assert_close(
                     b.detach().cpu(), a.detach().cpu(), rtol=0, atol=1e-5,
                     msg=lambda m: f"step {step}, {name}: {m}",
                 )
+    assert overlapped, "no all-reduce ran while backward went on"
+    print(f"rank {rank}: all-reduce overlapped backward in {overlapped} of 4 steps")
     dist.destroy_process_group()
 
 

@@ -87,7 +87,9 @@ def test_gloo_for_cpu_and_tpu_dist_for_tpu():
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 def test_ddp_on_2_ranks_equals_one_process_on_the_full_batch(mode):
-    finish(start("ddp", 2, TPU_DIST_TEST_MODE=mode))
+    outputs = finish(start("ddp", 2, TPU_DIST_TEST_MODE=mode))
+    for rank, out in enumerate(outputs):
+        assert f"rank {rank}: all-reduce overlapped backward in" in out, out
 
 
 @pytest.mark.parametrize("reshard", [True, False])

@@ -4,13 +4,16 @@
 torchrun makes a tpu-dist process group: the ranks meet in a store of its
 own, served by rank 0 and found through torch's store, and every collective
 crosses processes over Gloo with the timeout given to
-``init_process_group``. Collectives run when called, and the work they
-return is complete: ``wait()`` returns at once, and a collective that
-cannot finish (a dead rank) raises within the timeout, naming itself and
-the missing ranks.
+``init_process_group``. Collectives run in the order they are called, on
+one worker thread per group, and the work they return completes when
+theirs has: DDP's gradient all-reduce of one bucket runs while backward
+computes the next. A collective that cannot finish (a dead rank) raises
+from ``wait()`` within the timeout, naming itself and the missing ranks.
 """
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -38,23 +41,41 @@ def _reduction(op):
     return _REDUCTIONS[kind]
 
 
-class _Done(Work):
-    """The work of a collective that has run: it ran when called, within
-    the group's timeout, so waiting returns at once."""
+class _Queued(Work):
+    """The work of a collective queued on its group's worker thread: done
+    when the collective has run; ``wait`` raises its error, or an error
+    naming it when it has not finished by its deadline."""
 
-    def __init__(self, result):
+    def __init__(self, name, result, deadline):
         super().__init__()
+        self._name, self._result, self._deadline = name, result, deadline
         self._future = torch.futures.Future()
-        self._future.set_result(result)
+        self._finished = threading.Event()
+        self._error = None
+
+    def _finish(self, error):
+        self._error = error
+        self._finished.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
 
     def wait(self, timeout=None):
+        if not self._finished.wait(self._deadline):
+            raise RuntimeError(f"{NAME}: {self._name} did not finish within {self._deadline:.0f} s")
+        if self._error is not None:
+            raise self._error
         return True
 
     def is_completed(self):
-        return True
+        return self._finished.is_set()
 
     def is_success(self):
-        return True
+        return self._finished.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
 
     def get_future(self):
         return self._future
@@ -87,56 +108,98 @@ class TpuDistBackend(Backend):
             own = _C.DistStore.connect(store.get(f"{NAME}/store").decode(), seconds)
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         self._group = _C.DistGroup(own, rank, size, local_rank, ip or host, seconds)
+        self._timeout = seconds
+        # One thread keeps the ranks' collectives in the order they were
+        # called; `_queued` counts those not finished, for deadlines.
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"{NAME}-rank{rank}")
+        self._queued = 0
+        self._lock = threading.Lock()
 
     def getBackendName(self):
         return NAME
+
+    def _submit(self, name, run, result):
+        """Queues ``run`` (a collective over tensors the caller hands over
+        until the work completes) and returns its work."""
+        # Pending deferred ops start now, in the calling thread's mode.
+        _C.flush()
+        with self._lock:
+            self._queued += 1
+            ahead = self._queued
+        work = _Queued(name, result, self._timeout * ahead + 30)
+
+        def job():
+            try:
+                run()
+                error = None
+            except BaseException as e:  # handed to whoever waits
+                error = e
+            with self._lock:
+                self._queued -= 1
+            work._finish(error)
+
+        self._worker.submit(job)
+        return work
 
     # Reductions.
 
     def allreduce(self, tensors, opts):
         op = _reduction(opts.reduceOp)
-        for t in tensors:
-            self._group.all_reduce(t, op)
-        return _Done(tensors)
+
+        def run():
+            for t in tensors:
+                self._group.all_reduce(t, op)
+
+        return self._submit("allreduce", run, tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts):
         op = _reduction(opts.reduceOp)
-        for t in tensors:
-            reduced = t.clone()
-            self._group.all_reduce(reduced, op)
-            if self.rank() == opts.rootRank:
-                t.copy_(reduced)
-        return _Done(tensors)
+
+        def run():
+            for t in tensors:
+                reduced = t.clone()
+                self._group.all_reduce(reduced, op)
+                if self.rank() == opts.rootRank:
+                    t.copy_(reduced)
+
+        return self._submit("reduce", run, tensors)
 
     def reduce_scatter_single(self, output, input, opts):
-        self._group.reduce_scatter(output, input, _reduction(opts.reduceOp))
-        return _Done([output])
+        op = _reduction(opts.reduceOp)
+        return self._submit("reduce_scatter", lambda: self._group.reduce_scatter(output, input, op), [output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         op = _reduction(opts.reduceOp)
-        for output, input in zip(outputs, inputs):
-            self._group.reduce_scatter(output, input, op)
-        return _Done(outputs)
+
+        def run():
+            for output, input in zip(outputs, inputs):
+                self._group.reduce_scatter(output, input, op)
+
+        return self._submit("reduce_scatter", run, outputs)
 
     def reduce_scatter(self, outputs, input_lists, opts):
         op = _reduction(opts.reduceOp)
-        for output, inputs in zip(outputs, input_lists):
-            self._group.reduce_scatter(output, torch.stack(list(inputs)), op)
-        return _Done(outputs)
+
+        def run():
+            for output, inputs in zip(outputs, input_lists):
+                self._group.reduce_scatter(output, torch.stack(list(inputs)), op)
+
+        return self._submit("reduce_scatter", run, outputs)
 
     # Gathers and scatters.
 
     def all_gather_single(self, output, input, opts):
-        self._group.all_gather(output, input.unsqueeze(0))
-        return _Done([output])
+        return self._submit("all_gather", lambda: self._group.all_gather(output, input.unsqueeze(0)), [output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
-        for output, input in zip(outputs, inputs):
-            self._group.all_gather(output, input.unsqueeze(0))
-        return _Done(outputs)
+        def run():
+            for output, input in zip(outputs, inputs):
+                self._group.all_gather(output, input.unsqueeze(0))
+
+        return self._submit("all_gather", run, outputs)
 
     def _all_gather(self, outputs, input):
         stacked = input.new_empty((self.size(), *input.shape))
@@ -145,9 +208,11 @@ class TpuDistBackend(Backend):
             output.copy_(stacked[rank])
 
     def allgather(self, output_lists, inputs, opts):
-        for outputs, input in zip(output_lists, inputs):
-            self._all_gather(outputs, input)
-        return _Done(output_lists)
+        def run():
+            for outputs, input in zip(output_lists, inputs):
+                self._all_gather(outputs, input)
+
+        return self._submit("allgather", run, output_lists)
 
     def allgather_coalesced(self, output_lists, inputs, opts):
         return self.allgather(output_lists, inputs, opts)
@@ -155,60 +220,72 @@ class TpuDistBackend(Backend):
     def gather(self, output_lists, inputs, opts):
         # An all-gather whose result only the root keeps.
         root = self.rank() == opts.rootRank
-        for i, input in enumerate(inputs):
-            self._all_gather(output_lists[i] if root else [], input)
-        return _Done(output_lists)
+
+        def run():
+            for i, input in enumerate(inputs):
+                self._all_gather(output_lists[i] if root else [], input)
+
+        return self._submit("gather", run, output_lists)
 
     def scatter(self, outputs, input_lists, opts):
-        for i, output in enumerate(outputs):
-            # Every rank broadcasts the same [size, numel] shape.
-            if self.rank() == opts.rootRank:
-                stacked = torch.stack([t.reshape(-1) for t in input_lists[i]])
-            else:
-                stacked = output.new_empty((self.size(), output.numel()))
-            self._group.broadcast(stacked, opts.rootRank)
-            output.copy_(stacked[self.rank()].view(output.shape))
-        return _Done(outputs)
+        def run():
+            for i, output in enumerate(outputs):
+                # Every rank broadcasts the same [size, numel] shape.
+                if self.rank() == opts.rootRank:
+                    stacked = torch.stack([t.reshape(-1) for t in input_lists[i]])
+                else:
+                    stacked = output.new_empty((self.size(), output.numel()))
+                self._group.broadcast(stacked, opts.rootRank)
+                output.copy_(stacked[self.rank()].view(output.shape))
+
+        return self._submit("scatter", run, outputs)
 
     def broadcast(self, tensors, opts):
-        for t in tensors:
-            self._group.broadcast(t, opts.rootRank)
-        return _Done(tensors)
+        def run():
+            for t in tensors:
+                self._group.broadcast(t, opts.rootRank)
+
+        return self._submit("broadcast", run, tensors)
 
     # All-to-all.
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
-        self._group.all_to_all(output, input, list(output_splits), list(input_splits))
-        return _Done([output])
+        splits = list(output_splits), list(input_splits)
+        return self._submit("all_to_all", lambda: self._group.all_to_all(output, input, *splits), [output])
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts):
         return self.all_to_all_single(output, input, output_splits, input_splits, opts)
 
     def alltoall(self, outputs, inputs, opts):
-        flat_in = torch.cat([t.reshape(-1) for t in inputs])
-        flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
-        self._group.all_to_all(
-            flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]
-        )
-        for t, block in zip(outputs, flat_out.split([t.numel() for t in outputs])):
-            t.copy_(block.view(t.shape))
-        return _Done(outputs)
+        def run():
+            flat_in = torch.cat([t.reshape(-1) for t in inputs])
+            flat_out = flat_in.new_empty(sum(t.numel() for t in outputs))
+            self._group.all_to_all(
+                flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs]
+            )
+            for t, block in zip(outputs, flat_out.split([t.numel() for t in outputs])):
+                t.copy_(block.view(t.shape))
+
+        return self._submit("alltoall", run, outputs)
 
     # Point to point and barriers.
 
     def send(self, tensors, dst, tag):
-        for t in tensors:
-            self._group.send(t, dst)
-        return _Done(tensors)
+        def run():
+            for t in tensors:
+                self._group.send(t, dst)
+
+        return self._submit("send", run, tensors)
 
     def recv(self, tensors, src, tag):
-        for t in tensors:
-            self._group.recv(t, src)
-        return _Done(tensors)
+        def run():
+            for t in tensors:
+                self._group.recv(t, src)
+
+        return self._submit("recv", run, tensors)
 
     def barrier(self, opts):
-        self._group.barrier()
-        return _Done([])
+        return self._submit("barrier", self._group.barrier, [])
 
     def monitored_barrier(self, opts):
         return self.barrier(opts)
