@@ -100,6 +100,13 @@ def test_fsdp2_on_2_ranks_equals_one_process_on_the_full_batch(mode, reshard):
         assert f"rank {rank}: 5 steps equal" in out, out
 
 
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_fsdp2_bf16_mixed_precision_on_2_ranks_equals_gloo_on_the_cpu(mode):
+    outputs = finish(start("fsdp2_bf16", 2, TPU_DIST_TEST_MODE=mode))
+    for rank, out in enumerate(outputs):
+        assert f"rank {rank}: 5 bf16 steps within bf16 tolerance of gloo on cpu" in out, out
+
+
 def test_dtensor_column_and_row_parallel_linear_on_2_ranks():
     finish(start("dtensor", 2))
 
