@@ -106,6 +106,60 @@ def test_a_model_on_tpu2_trains_like_the_cpu():
     assert torch.tpu.current_device() == 0
 
 
+def test_a_replica_per_device_with_tpu_dist_all_reduce_equals_one_device():
+    """Data parallelism by hand in one process: a thread per device, each a
+    rank of a tpu_dist group with a replica on its device and a quarter of
+    the batch, averaging gradients with all_reduce, against one model on
+    tpu:0 on the whole batch."""
+    import datetime
+
+    from torch.distributed import AllreduceOptions, HashStore, ReduceOp
+    from torch_tpu_rs._dist import TpuDistBackend
+
+    world = 4
+    assert torch.tpu.device_count() >= world
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    batches = [(torch.randn(16, 8), torch.randn(16, 4)) for _ in range(3)]
+    alone = copy.deepcopy(base).to("tpu:0")
+    opt = torch.optim.SGD(alone.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(alone(x.to("tpu:0")), y.to("tpu:0")).backward()
+        opt.step()
+
+    store, results, errors = HashStore(), [None] * world, []
+    average = AllreduceOptions()
+    average.reduceOp = ReduceOp.AVG
+
+    def replica(rank):
+        try:
+            torch.tpu.set_device(rank)
+            group = TpuDistBackend(store, rank, world, datetime.timedelta(seconds=60))
+            model = copy.deepcopy(base).to("tpu")
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            part = slice(rank * 4, rank * 4 + 4)
+            for x, y in batches:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x[part].to("tpu")), y[part].to("tpu")).backward()
+                group.allreduce([p.grad for p in model.parameters()], average).wait()
+                opt.step()
+            results[rank] = [p.detach() for p in model.parameters()]
+        except BaseException as e:
+            errors.append((rank, e))
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for rank, params in enumerate(results):
+        for p, q in zip(alone.parameters(), params):
+            assert q.device == torch.device("tpu", rank)
+            assert_close(q, p.cpu(), rtol=1e-5, atol=1e-6)
+
+
 def test_the_current_device_is_per_thread():
     torch.tpu.set_device(1)
     seen = []
