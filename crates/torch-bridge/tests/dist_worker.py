@@ -242,8 +242,29 @@ def ddp():
                     b.detach().cpu(), a.detach().cpu(), rtol=0, atol=1e-5,
                     msg=lambda m: f"step {step}, {name}: {m}",
                 )
+        # Gradient accumulation: two micro-batches, the first under
+        # no_sync() (no all-reduce), against the whole batch at once.
+        g = torch.Generator().manual_seed(99)
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
+        halves = [slice(h * 8 + rank * 8 // n, h * 8 + (rank + 1) * 8 // n) for h in (0, 1)]
+        for opt in opts:
+            opt.zero_grad()
+        (torch.nn.functional.mse_loss(alone(x.to("tpu")), y.to("tpu"))).backward()
+        ends.clear()
+        with ddp.no_sync():
+            (torch.nn.functional.mse_loss(ddp(x[halves[0]].to("tpu")), y[halves[0]].to("tpu")) / 2).backward()
+        assert not ends, f"{len(ends)} collectives ran under no_sync()"
+        (torch.nn.functional.mse_loss(ddp(x[halves[1]].to("tpu")), y[halves[1]].to("tpu")) / 2).backward()
+        assert ends, "the synchronized micro-batch ran no all-reduce"
+        for opt in opts:
+            opt.step()
+        for (name, a), b in zip(alone.named_parameters(), replica.parameters()):
+            torch.testing.assert_close(
+                b.detach().cpu(), a.detach().cpu(), rtol=0, atol=1e-5,
+                msg=lambda m: f"accumulated step, {name}: {m}",
+            )
     assert overlapped, "no all-reduce ran while backward went on"
-    print(f"rank {rank}: all-reduce overlapped backward in {overlapped} of 4 steps")
+    print(f"rank {rank}: all-reduce overlapped backward in {overlapped} of 4 steps; no_sync accumulation equal")
     dist.destroy_process_group()
 
 

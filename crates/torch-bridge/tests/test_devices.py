@@ -182,6 +182,12 @@ def test_torch_accelerator_and_events_see_the_tpu():
     assert event.query()
     torch.accelerator.synchronize()
     assert_close(y, x.cpu() @ x.cpu(), rtol=1e-5, atol=1e-4)
+    stream = torch.accelerator.current_stream()
+    assert stream.device == torch.device("tpu", 0)
+    side = torch.tpu.Stream()
+    torch.accelerator.set_stream(side)
+    assert torch.accelerator.current_stream() == side
+    torch.accelerator.set_stream(stream)
 
 
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])

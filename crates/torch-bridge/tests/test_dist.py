@@ -90,6 +90,7 @@ def test_ddp_on_2_ranks_equals_one_process_on_the_full_batch(mode):
     outputs = finish(start("ddp", 2, TPU_DIST_TEST_MODE=mode))
     for rank, out in enumerate(outputs):
         assert f"rank {rank}: all-reduce overlapped backward in" in out, out
+        assert "no_sync accumulation equal" in out, out
 
 
 @pytest.mark.parametrize("reshard", [True, False])
