@@ -45,6 +45,8 @@ def test_set_device_makes_tpu_mean_that_device():
     assert torch.tpu.current_device() == 1
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.tpu.set_device(torch.tpu.device_count())
+    torch.accelerator.set_device_index(2)
+    assert torch.tpu.current_device() == 2 and torch.ones(1, device="tpu").device == torch.device("tpu", 2)
 
 
 def test_copies_between_devices():
