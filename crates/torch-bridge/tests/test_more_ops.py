@@ -430,6 +430,21 @@ def test_float_floor_trunc_division_and_fmod_equal_the_cpu_bit_for_bit(mode, dty
     assert torch.equal(torch.fmod(big.to("tpu"), 3.3).cpu(), torch.fmod(big, 3.3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_true_division_by_a_number_or_a_broadcast_row_is_ieee_division(mode, dtype):
+    """XLA would multiply by the divisor's reciprocal (off by an ulp for a
+    fifth to a half of quotients); the quotient must be the CPU's."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 256, generator=g, dtype=dtype) * 10
+    row = torch.rand(256, generator=g, dtype=dtype) + 0.1
+    xt = x.to("tpu")
+    for s in (0.3, 3.0, 7.0, -10.0):
+        assert torch.equal((xt / s).cpu(), x / s), s
+        assert torch.equal(xt.clone().div_(s).cpu(), x.clone().div_(s)), s
+    assert torch.equal((xt / row.to("tpu")).cpu(), x / row)
+    assert torch.equal((xt / torch.tensor(0.3, dtype=dtype)).cpu(), x / torch.tensor(0.3, dtype=dtype))
+
+
 @pytest.mark.parametrize("dtype", INTEGER_DTYPES)
 def test_shifts_wrap_fill_and_saturate_like_the_cpu(mode, dtype):
     x, _ = _integer_pairs(dtype)

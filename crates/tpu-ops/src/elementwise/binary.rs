@@ -104,6 +104,13 @@ macro_rules! arith_op {
     // `lower` gets both operands promoted and broadcast.
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower: $lower:expr,
      reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
+        arith_op!($name, dtypes: $dtypes, float: $float,
+            lower_inputs: |b: &mut Builder, x: &[Value]| lower_arith(b, x, $float, $lower),
+            reference: ($ff, $fi), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+    };
+    // `lower_inputs` gets the op's inputs as they are.
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower_inputs: $lower:expr,
+     reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         inventory::submit! {
             tpu_core::op_def! {
                 name: $name,
@@ -111,7 +118,7 @@ macro_rules! arith_op {
                 flags: Flags::ELEMENTWISE,
                 dtypes: $dtypes,
                 infer: |x, _| Ok(vec![infer_binary(x, $dtypes, $float)?]),
-                lower: |b, x, _| Ok(lower_arith(b, x, $float, $lower)),
+                lower: |b, x, _| Ok($lower(b, x)),
                 reference: |x, _| arith_ref(x, $float, $ff, $fi),
                 vjp: Some($vjp),
                 samples: $samples,
@@ -161,7 +168,23 @@ fn nonzero_divisor(mut s: Sample) -> Sample {
     s
 }
 
-arith_op!("div", dtypes: NUMERIC, float: true, hlo: "stablehlo.divide",
+/// `x / y` as IEEE division. XLA's simplifier rewrites a division by a
+/// broadcast divisor into a multiplication by its reciprocal, off by an ulp
+/// for a fifth to a half of quotients (`x / 0.3`); behind a barrier the
+/// broadcast divisor is materialized and divided by, as PyTorch does.
+fn lower_div(b: &mut Builder, x: &[Value]) -> Vec<Value> {
+    let dtype = to_float(promote(x[0].ty(), x[1].ty()));
+    let shape = broadcast_shapes(x[0].shape(), x[1].shape()).unwrap_or_default();
+    let (l, r) = operands(b, x, dtype, shape.dims());
+    let r = if x[1].shape().dims() != shape.dims() {
+        b.op1("stablehlo.optimization_barrier", &[&r], "", r.ty().clone())
+    } else {
+        r
+    };
+    vec![b.binary("stablehlo.divide", &l, &r)]
+}
+
+arith_op!("div", dtypes: NUMERIC, float: true, lower_inputs: lower_div,
     reference: (|x, y| x / y, |_, _| 0),
     vjp: |t, a| {
         let (_, y) = promoted(t, a)?;
