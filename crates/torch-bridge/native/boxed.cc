@@ -30,6 +30,12 @@ bool names_scalar_type(const c10::Argument& a) {
   return t->kind() == c10::TypeKind::ScalarTypeType;
 }
 
+// Whether an argument is a `Scalar[]`.
+bool is_scalar_list(const c10::Argument& a) {
+  auto list = a.real_type()->cast<c10::ListType>();
+  return list && list->getElementType()->kind() == c10::TypeKind::NumberType;
+}
+
 // One call's arguments as the Rust side reads them. Owns the lists the
 // `Arg`s point into; the tensors stay on the caller's stack meanwhile.
 class Arguments {
@@ -92,6 +98,18 @@ class Arguments {
                                   "` on tpu: complex numbers are not supported");
     }
     if (v.isIntList()) return ints(v.toIntVector());
+    if (v.isList() && is_scalar_list(schema)) {
+      std::vector<double> values;
+      for (const c10::IValue& x : v.toList()) {
+        TORCH_CHECK_NOT_IMPLEMENTED(!x.isComplexDouble(), "op `", op_,
+                                    "` on tpu: complex numbers are not supported");
+        values.push_back(x.toScalar().toDouble());
+      }
+      number_lists_.push_back(std::move(values));
+      a.kind = ArgKind::Numbers;
+      a.numbers = {number_lists_.back().data(), number_lists_.back().size()};
+      return a;
+    }
     if (v.isBoolList()) {
       std::vector<int64_t> flags;
       for (bool b : v.toBoolList()) flags.push_back(b ? 1 : 0);
@@ -174,6 +192,7 @@ class Arguments {
   // Deques would do as well: a moved vector keeps its buffer, so the
   // slices stay valid as these grow.
   std::vector<std::vector<int64_t>> lists_;
+  std::vector<std::vector<double>> number_lists_;
   std::vector<std::vector<TensorRef>> tensor_lists_;
   std::vector<at::Tensor> host_tensors_;
 };
@@ -216,6 +235,15 @@ c10::IValue number_value(const Outcome& out) {
     return c10::IValue(out.number);
   }
   return c10::IValue(out.integer);
+}
+
+// A tensor over a storage the Rust side made (undefined when it made none).
+at::Tensor adopt_new(const NewTensor& t) {
+  if (!t.defined) return at::Tensor();
+  const std::vector<int64_t> sizes(t.sizes.begin(), t.sizes.end());
+  const std::vector<int64_t> strides(t.strides.begin(), t.strides.end());
+  return adopt(t.address, t.nbytes, scalar_type(t.dtype), sizes,
+               static_cast<c10::DeviceIndex>(t.device), strides);
 }
 
 class NativeOp final : public c10::OperatorKernel {
@@ -268,16 +296,12 @@ class NativeOp final : public c10::OperatorKernel {
       } else if (r.type()->kind() == c10::TypeKind::TensorType) {
         TORCH_CHECK(next < out.tensors.size(), "internal error: op `", name_,
                     "` returned too few tensors");
-        const NewTensor& t = out.tensors[next++];
-        if (!t.defined) {
-          results.emplace_back(at::Tensor());
-          continue;
-        }
-        const std::vector<int64_t> sizes(t.sizes.begin(), t.sizes.end());
-        const std::vector<int64_t> strides(t.strides.begin(), t.strides.end());
-        results.emplace_back(adopt(t.address, t.nbytes, scalar_type(t.dtype),
-                                   sizes, static_cast<c10::DeviceIndex>(t.device),
-                                   strides));
+        results.emplace_back(adopt_new(out.tensors[next++]));
+      } else if (r.type()->kind() == c10::TypeKind::ListType) {
+        // A `Tensor[]` (a foreach op): every tensor returned.
+        std::vector<at::Tensor> list;
+        while (next < out.tensors.size()) list.push_back(adopt_new(out.tensors[next++]));
+        results.emplace_back(std::move(list));
       } else {
         TORCH_CHECK(out.has_number, "internal error: op `", name_,
                     "` returned no number");

@@ -76,6 +76,8 @@ pub(crate) mod ffi {
         Tensors,
         /// A `Scalar`, int, float or bool, or the value of a 0-dim CPU tensor.
         Number,
+        /// A `Scalar[]`: its values as floats.
+        Numbers,
         Ints,
         Text,
         ScalarType,
@@ -96,6 +98,7 @@ pub(crate) mod ffi {
         tensor: TensorRef<'a>,
         tensors: &'a [TensorRef<'a>],
         ints: &'a [i64],
+        numbers: &'a [f64],
         text: &'a str,
         bytes: &'a [u8],
     }

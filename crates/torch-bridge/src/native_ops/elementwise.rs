@@ -303,7 +303,7 @@ fn lerp(c: &Call<'_>) -> Result<Tensor> {
         } else {
             apply(
                 "sub",
-                &[end, apply("mul", &[diff, c.constant(m, 1.0 - w)?])?],
+                &[end, apply("mul", &[diff, c.constant(m, one_minus(w, m))?])?],
             )?
         }
     } else {
@@ -318,6 +318,15 @@ fn lerp(c: &Call<'_>) -> Result<Tensor> {
         apply("where", &[small, near_self, near_end])?
     };
     cast(out, d)
+}
+
+/// `1 - w` as PyTorch's lerp computes it: in `m`, from `w` rounded to `m`.
+pub fn one_minus(w: f64, m: DType) -> f64 {
+    if m == DType::F32 {
+        f64::from(1.0f32 - w as f32)
+    } else {
+        1.0 - w
+    }
 }
 
 /// The dtype PyTorch's CPU kernels compute a dtype's arithmetic in: f32

@@ -6,6 +6,7 @@
 //! runs on this path; ops without a kernel here keep their Python one.
 
 mod elementwise;
+mod foreach;
 mod nn;
 mod optim;
 mod reductions;
@@ -106,6 +107,7 @@ fn table() -> &'static [NativeOp] {
         reductions::register(&mut ops);
         nn::register(&mut ops);
         optim::register(&mut ops);
+        foreach::register(&mut ops);
         tensors::register(&mut ops);
         ops
     })
@@ -540,6 +542,13 @@ impl<'a> Call<'a> {
             ffi::ArgKind::Ints => Ok(Some(a.ints)),
             _ => Err(self.expected(i, "an integer list")),
         }
+    }
+
+    /// A `Scalar[]` argument's values.
+    pub fn numbers(&self, i: usize) -> Result<&'a [f64]> {
+        Ok(self
+            .arg_of(i, ffi::ArgKind::Numbers, "a number list")?
+            .numbers)
     }
 
     /// A dims argument (one dim, or a list) as a list (`None` when None).
