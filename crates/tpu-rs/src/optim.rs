@@ -5,6 +5,7 @@
 
 use std::panic::Location;
 
+use tpu_core::policy::{self, EagerMode};
 use tpu_core::profile;
 
 use crate::autograd::no_grad;
@@ -32,6 +33,18 @@ fn scalar_for(p: &Tensor, value: f64) -> Result<Tensor> {
 /// graph under DeferAndFuse, so every training step finds the same graphs.
 fn end_of_step() -> Result<()> {
     Ok(tpu_core::policy::sync()?)
+}
+
+/// Runs an optimizer step's ops: under Strict as one deferred graph (one
+/// program for the whole update, not several per parameter, each compiled
+/// on first use); other modes run them as they run any op (Debug one at a
+/// time).
+fn as_one_graph(step: impl FnOnce() -> Result<()>) -> Result<()> {
+    if policy::current_policy_name()? == EagerMode::Strict.name() {
+        policy::with_eager_mode(EagerMode::DeferAndFuse, step)?
+    } else {
+        step()
+    }
 }
 
 fn clear(params: &[Parameter]) {
@@ -71,23 +84,27 @@ impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         profile::at(Location::caller(), || {
             no_grad(|| {
-                for (p, v) in self.params.iter().zip(&mut self.velocity) {
-                    let value = p.get();
-                    let Some(mut g) = value.grad() else { continue };
-                    if self.weight_decay != 0.0 {
-                        g = (&g + &(&value * &scalar_for(&value, self.weight_decay)?)?)?;
+                as_one_graph(|| {
+                    for (p, v) in self.params.iter().zip(&mut self.velocity) {
+                        let value = p.get();
+                        let Some(mut g) = value.grad() else { continue };
+                        if self.weight_decay != 0.0 {
+                            g = (&g + &(&value * &scalar_for(&value, self.weight_decay)?)?)?;
+                        }
+                        if self.momentum != 0.0 {
+                            let next = match v.take() {
+                                Some(prev) => {
+                                    (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?
+                                }
+                                None => g,
+                            };
+                            *v = Some(next.clone());
+                            g = next;
+                        }
+                        p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
                     }
-                    if self.momentum != 0.0 {
-                        let next = match v.take() {
-                            Some(prev) => (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?,
-                            None => g,
-                        };
-                        *v = Some(next.clone());
-                        g = next;
-                    }
-                    p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
-                }
-                end_of_step()
+                    end_of_step()
+                })
             })
         })
     }
@@ -141,25 +158,27 @@ impl Optimizer for AdamW {
         let (c1, c2) = (1.0 - b1.powf(t), 1.0 - b2.powf(t));
         profile::at(Location::caller(), || {
             no_grad(|| {
-                for (p, state) in self.params.iter().zip(&mut self.moments) {
-                    let value = p.get();
-                    let Some(g) = value.grad() else { continue };
-                    let s = |x: f64| scalar_for(&value, x);
-                    let (m, v) = match state.take() {
-                        Some((m, v)) => (
-                            (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
-                            (&(&v * &s(b2)?)? + &(&(&g * &g)? * &s(1.0 - b2)?)?)?,
-                        ),
-                        None => ((&g * &s(1.0 - b1)?)?, (&(&g * &g)? * &s(1.0 - b2)?)?),
-                    };
-                    let m_hat = (&m / &s(c1)?)?;
-                    let v_hat = (&v / &s(c2)?)?;
-                    let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
-                    let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
-                    p.set(&(&value - &(&update * &s(self.lr)?)?)?);
-                    *state = Some((m, v));
-                }
-                end_of_step()
+                as_one_graph(|| {
+                    for (p, state) in self.params.iter().zip(&mut self.moments) {
+                        let value = p.get();
+                        let Some(g) = value.grad() else { continue };
+                        let s = |x: f64| scalar_for(&value, x);
+                        let (m, v) = match state.take() {
+                            Some((m, v)) => (
+                                (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
+                                (&(&v * &s(b2)?)? + &(&(&g * &g)? * &s(1.0 - b2)?)?)?,
+                            ),
+                            None => ((&g * &s(1.0 - b1)?)?, (&(&g * &g)? * &s(1.0 - b2)?)?),
+                        };
+                        let m_hat = (&m / &s(c1)?)?;
+                        let v_hat = (&v / &s(c2)?)?;
+                        let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
+                        let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
+                        p.set(&(&value - &(&update * &s(self.lr)?)?)?);
+                        *state = Some((m, v));
+                    }
+                    end_of_step()
+                })
             })
         })
     }
