@@ -60,18 +60,12 @@ def _check(name, a, b):
 @pytest.mark.parametrize("name", list(OPS))
 def test_tensor_pairs_promote_and_broadcast_like_the_cpu(mode, name):
     for da, db in itertools.product(DTYPES, DTYPES):
-        if mode == "defer_and_fuse" and name == "div" and da == db == torch.bool:
-            continue  # test_bool_division_by_false_fused below
         _check(name, _values(da, (3, 4), 1), _values(db, (4,), 2))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="in a fused graph XLA divides by a broadcast divisor through its reciprocal and turns "
-    "a float made from bool times it into a select: False / False gives 0, not nan",
-)
 def test_bool_division_by_false_fused():
+    """A broadcast divisor is divided by, not multiplied by its reciprocal
+    (which XLA turned into a select giving 0 for False / False)."""
     with torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
         a = torch.tensor([[True, False, False], [False, False, False]], device="tpu")
         b = torch.tensor([False, False, True], device="tpu")
