@@ -293,35 +293,51 @@ fn lerp(c: &Call<'_>) -> Result<Tensor> {
         }
     }
     let m = opmath(d);
-    let x = cast(c.tensor(0)?, m)?;
-    let end = cast(c.tensor(1)?, m)?;
-    let diff = apply("sub", &[end.clone(), x.clone()])?;
-    let out = if !c.is_tensor(2) {
-        let w = c.number(2)?;
-        if w.abs() < 0.5 {
-            apply("add", &[x, apply("mul", &[c.constant(m, w)?, diff])?])?
-        } else {
-            apply(
-                "sub",
-                &[end, apply("mul", &[diff, c.constant(m, one_minus(w, m))?])?],
-            )?
-        }
+    let weight = if c.is_tensor(2) {
+        Weight::Tensor(cast(c.tensor(2)?, m)?)
     } else {
-        let w = cast(c.tensor(2)?, m)?;
-        let small = apply(
-            "lt",
-            &[apply("abs", std::slice::from_ref(&w))?, c.constant(m, 0.5)?],
-        )?;
-        let near_self = apply("add", &[x, apply("mul", &[w.clone(), diff.clone()])?])?;
-        let one_minus = apply("sub", &[c.constant(m, 1.0)?, w])?;
-        let near_end = apply("sub", &[end, apply("mul", &[diff, one_minus])?])?;
-        apply("where", &[small, near_self, near_end])?
+        Weight::Number(c.number(2)?)
     };
-    cast(out, d)
+    let x = cast(c.tensor(0)?, m)?;
+    cast(lerp_in(c, x, cast(c.tensor(1)?, m)?, weight, m)?, d)
+}
+
+/// A lerp weight: a number, or a tensor in the compute dtype.
+pub enum Weight {
+    /// One number for every element.
+    Number(f64),
+    /// A weight per element.
+    Tensor(Tensor),
+}
+
+/// `x + w * (end - x)` in `m` (`x` and `end` in it already), from `end`
+/// when `|w| >= 0.5`, as PyTorch's CPU kernel computes it: that keeps
+/// `w = 1` exact.
+pub fn lerp_in(c: &Call<'_>, x: Tensor, end: Tensor, weight: Weight, m: DType) -> Result<Tensor> {
+    let diff = apply("sub", &[end.clone(), x.clone()])?;
+    match weight {
+        Weight::Number(w) if w.abs() < 0.5 => {
+            apply("add", &[x, apply("mul", &[c.constant(m, w)?, diff])?])
+        }
+        Weight::Number(w) => apply(
+            "sub",
+            &[end, apply("mul", &[diff, c.constant(m, one_minus(w, m))?])?],
+        ),
+        Weight::Tensor(w) => {
+            let small = apply(
+                "lt",
+                &[apply("abs", std::slice::from_ref(&w))?, c.constant(m, 0.5)?],
+            )?;
+            let near_self = apply("add", &[x, apply("mul", &[w.clone(), diff.clone()])?])?;
+            let one_minus = apply("sub", &[c.constant(m, 1.0)?, w])?;
+            let near_end = apply("sub", &[end, apply("mul", &[diff, one_minus])?])?;
+            apply("where", &[small, near_self, near_end])
+        }
+    }
 }
 
 /// `1 - w` as PyTorch's lerp computes it: in `m`, from `w` rounded to `m`.
-pub fn one_minus(w: f64, m: DType) -> f64 {
+fn one_minus(w: f64, m: DType) -> f64 {
     if m == DType::F32 {
         f64::from(1.0f32 - w as f32)
     } else {

@@ -10,7 +10,7 @@
 
 use tpu_core::{DType, Tensor};
 
-use super::elementwise::{one_minus, opmath};
+use super::elementwise::{Weight, lerp_in, opmath};
 use super::{Call, Done, NativeOp, Value, apply, dtype, error, op, read, store_into};
 use crate::error::Result;
 use crate::kernels::{cast, fused};
@@ -233,34 +233,13 @@ fn lerp(c: &Call<'_>, i: usize, other: Other) -> Result<Option<Tensor>> {
         return Ok(None);
     };
     let m = opmath(d);
-    let x = cast(x, m)?;
-    let end = cast(read(list_item(c, 1, i)?)?, m)?;
-    let diff = apply("sub", &[end.clone(), x.clone()])?;
-    let out = if other == Other::List {
-        let w = cast(read(list_item(c, 2, i)?)?, m)?;
-        let small = apply(
-            "lt",
-            &[apply("abs", std::slice::from_ref(&w))?, c.constant(m, 0.5)?],
-        )?;
-        let near_self = apply("add", &[x, apply("mul", &[w.clone(), diff.clone()])?])?;
-        let one_minus = apply("sub", &[c.constant(m, 1.0)?, w])?;
-        let near_end = apply("sub", &[end, apply("mul", &[diff, one_minus])?])?;
-        apply("where", &[small, near_self, near_end])?
-    } else {
-        let w = match other {
-            Other::ScalarList => list_number(c, 2, i)?,
-            _ => c.number(2)?,
-        };
-        if w.abs() < 0.5 {
-            apply("add", &[x, apply("mul", &[c.constant(m, w)?, diff])?])?
-        } else {
-            apply(
-                "sub",
-                &[end, apply("mul", &[diff, c.constant(m, one_minus(w, m))?])?],
-            )?
-        }
+    let weight = match other {
+        Other::List => Weight::Tensor(cast(read(list_item(c, 2, i)?)?, m)?),
+        Other::ScalarList => Weight::Number(list_number(c, 2, i)?),
+        _ => Weight::Number(c.number(2)?),
     };
-    Ok(Some(cast(out, d)?))
+    let end = cast(read(list_item(c, 1, i)?)?, m)?;
+    Ok(Some(cast(lerp_in(c, cast(x, m)?, end, weight, m)?, d)?))
 }
 
 /// `x + value * t1 <op> t2` left to right, as PyTorch's CPU kernel:
