@@ -411,3 +411,26 @@ def test_constant_pad_nd_equals_the_cpu(dtype, pad):
     value = True if dtype == torch.bool else 3
     _check(lambda t: torch.constant_pad_nd(t, pad, value), x)
     _check(lambda t: torch.nn.functional.pad(t, pad), x)
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin_equals_the_cpu(invert):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (4, 9), generator=g)
+    cases = [
+        (ids, torch.tensor([3, 7, 49])),
+        (ids, torch.tensor([[3.0, 7.5]])),  # promoted to float
+        (ids.float() / 2, torch.tensor([1.5, 2])),
+        (ids, 7),
+        (ids[:0], torch.tensor([1, 2])),
+        (ids, torch.tensor([], dtype=torch.int64)),
+        # More pairs than one program compares: done a block at a time.
+        (torch.randint(0, 3000, (5000,), generator=g), torch.arange(0, 3000, 3)),
+    ]
+    for elements, tests in cases:
+        want = torch.isin(elements, tests, invert=invert)
+        other = tests.to("tpu") if isinstance(tests, torch.Tensor) else tests
+        got = torch.isin(elements.to("tpu"), other, invert=invert)
+        assert got.dtype == torch.bool and torch.equal(got.cpu(), want), (elements.shape, tests)
+    with pytest.raises(NotImplementedError, match="isin\\(\\): Bool"):
+        torch.isin(torch.ones(2, dtype=torch.bool, device="tpu"), torch.ones(1, dtype=torch.bool, device="tpu"))

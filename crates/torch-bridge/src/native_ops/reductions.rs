@@ -3,9 +3,9 @@
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
-use super::{Call, Done, NativeOp, apply, apply_with, op};
-use crate::error::Result;
-use crate::kernels::cast;
+use super::{Call, Done, NativeOp, apply, apply_with, op, reshape};
+use crate::error::{BridgeError, Result};
+use crate::kernels::{cast, full};
 
 pub fn register(ops: &mut Vec<NativeOp>) {
     // (overload, tpu-rs op, where its dims, keepdim and dtype arguments sit)
@@ -35,6 +35,8 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             Ok(Done::one(reduce(core, x, listed, keep)?))
         }));
     }
+    ops.push(op("isin.Tensor_Tensor", &[0, 1], isin));
+    ops.push(op("isin.Tensor_Scalar", &[0, 1], isin));
     // Integers and bools add up in int64, as on the CPU.
     ops.push(op("cumsum", &[], |c| {
         let x = c.tensor(0)?;
@@ -137,4 +139,57 @@ fn as_input_dtype(c: &Call<'_>, out: Tensor) -> Result<Tensor> {
         Some(d) => cast(out, d),
         None => Ok(out),
     }
+}
+
+/// Most comparisons one `isin` program makes (elements x test elements);
+/// past it the elements are compared a block at a time.
+const ISIN_PAIRS: usize = 1 << 22;
+
+/// `isin(elements, test_elements or a number, *, assume_unique, invert)`:
+/// each element compared with every test element in PyTorch's result
+/// type, reduced over the test elements — one program per shape, which a
+/// stopping check (`isin(last_tokens, eos_ids)`) keeps the same each step.
+fn isin(c: &Call<'_>) -> Result<Done> {
+    let d = c.promoted()?;
+    let elements = c.tensor(0)?;
+    if elements.dtype() == DType::Bool || (c.is_tensor(1) && c.dtype(1)? == DType::Bool) {
+        return Err(BridgeError::Unsupported(
+            "Unsupported input type encountered for isin(): Bool".into(),
+        ));
+    }
+    let invert = c.flag_or(3, false)?;
+    let (compare, reduce_by) = if invert { ("ne", "all") } else { ("eq", "any") };
+    let shape = elements.shape().dims().to_vec();
+    let tests = c.operand(1, d)?;
+    let m = tests.shape().numel();
+    if m == 0 {
+        // Nothing to find: every element is absent.
+        let absent = if invert { 1.0 } else { 0.0 };
+        return Ok(Done::one(full(DType::Bool, &shape, absent, c.device()?)?));
+    }
+    let tests = reshape(tests, &[1, m])?;
+    let n = elements.shape().numel();
+    let flat = reshape(cast(elements, d)?, &[n, 1])?;
+    let block = (ISIN_PAIRS / m).max(1);
+    let mut parts = Vec::new();
+    for start in (0..n.max(1)).step_by(block) {
+        let rows = if n <= block {
+            flat.clone()
+        } else {
+            let end = (start + block).min(n) as i64;
+            let at = Attrs::new()
+                .with("dim", 0i64)
+                .with("start", start as i64)
+                .with("end", end);
+            apply_with("slice", std::slice::from_ref(&flat), at)?
+        };
+        let pairs = apply(compare, &[rows, tests.clone()])?;
+        parts.push(reduce(reduce_by, pairs, Some(vec![1]), false)?);
+    }
+    let found = if parts.len() == 1 {
+        parts.swap_remove(0)
+    } else {
+        apply_with("concat", &parts, Attrs::new().with("dim", 0i64))?
+    };
+    Ok(Done::one(reshape(found, &shape)?))
 }

@@ -6,7 +6,6 @@ import torch
 
 from .. import _C
 from .elementwise import run
-from . import registry
 from .registry import aten, kernel
 
 
@@ -463,35 +462,3 @@ def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 2:
         return run("sqrt", [run("sum", [run("mul", [a, a])], dims)])
     return run("pow", [run("sum", [run("pow", [a, float(ord)], None, x.dtype)], dims), 1.0 / ord], None, x.dtype)
-
-
-#: Above this many element pairs, ``isin`` sorts (PyTorch's decomposition)
-#: rather than comparing every element with every test element.
-_ISIN_PAIRS = 1 << 22
-
-
-def _check_isin(*dtypes):
-    if torch.bool in dtypes:
-        raise NotImplementedError("Unsupported input type encountered for isin(): Bool")
-
-
-@kernel("isin.Tensor_Tensor")
-def isin(elements, test_elements, *, assume_unique=False, invert=False):
-    _check_isin(elements.dtype, test_elements.dtype)
-    if elements.numel() * test_elements.numel() > _ISIN_PAIRS:
-        return registry._decomposition(aten.isin.Tensor_Tensor)(
-            elements, test_elements, assume_unique=assume_unique, invert=invert
-        )
-    # One comparison of each element with every test element, reduced over
-    # the test elements: a program per shape, which a stopping check
-    # (`isin(last_tokens, eos_ids)`) keeps the same at every step.
-    dtype = torch.result_type(elements, test_elements)
-    pairs = run("ne" if invert else "eq", [elements.reshape(*elements.shape, 1), test_elements.reshape(-1)], None, dtype)
-    return run("all" if invert else "any", [pairs], {"dims": [elements.ndim], "keepdim": False})
-
-
-@kernel("isin.Tensor_Scalar")
-def isin_scalar(elements, test_element, *, assume_unique=False, invert=False):
-    _check_isin(elements.dtype)
-    dtype = torch.result_type(elements, test_element)
-    return run("ne" if invert else "eq", [elements, test_element], None, dtype)
