@@ -663,14 +663,26 @@ func.func @main(%a: tensor<512x512xf32>) -> tensor<512x512xf32> {
 
 #[test]
 fn a_synchronous_cpu_client_finishes_each_program_before_launch_returns() {
-    let c = Client::new(
+    let made = Client::new(
         plugin(),
         &ClientOptions {
             cpu_asynchronous: Some(false),
             ..ClientOptions::default()
         },
-    )
-    .expect("synchronous client");
+    );
+    let takes_it = tpu_core::pjrt::discovery::known_plugin_at(plugin().path())
+        .is_some_and(|p| p.asynchronous_option);
+    if !takes_it {
+        // A plugin without the option refuses it rather than ignore it.
+        let err = made.err().expect("a plugin without the option refuses it");
+        assert!(
+            matches!(err, Error::InvalidOption { .. })
+                && err.to_string().contains("TPU_RS_CPU_ASYNC"),
+            "{err}"
+        );
+        return;
+    }
+    let c = made.expect("synchronous client");
     let exe = c.compile(LONG_MATMULS, &CompileOptions::default()).unwrap();
     // Powers of two stay exact: a = I/2 gives a^4 = I/16.
     let n = 512;

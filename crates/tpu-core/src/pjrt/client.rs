@@ -28,8 +28,8 @@ pub struct ClientOptions {
     /// the thread that launches it (`Some(false)`). Synchronous launches
     /// cost less (a [64, 64] add: 3 µs against 9-10 µs on 2 cores) but the
     /// caller no longer runs ahead of the device, which costs programs that
-    /// take longer than the host's work between them. Passed to the known
-    /// CPU plugins only.
+    /// take longer than the host's work between them. Only the `jax-cpu`
+    /// plugin takes it; with another, setting it is an error.
     pub cpu_asynchronous: Option<bool>,
     /// The job's key-value store, for plugins that run multi-host
     /// collectives themselves.
@@ -150,9 +150,18 @@ impl Client {
                 v.__bindgen_anon_1.int64_value = count as i64;
             }));
         }
-        let cpu_plugin = super::discovery::known_plugin_at(plugin.path())
-            .is_some_and(|known| known.platform == "cpu");
-        if let Some(asynchronous) = options.cpu_asynchronous.filter(|_| cpu_plugin) {
+        if let Some(asynchronous) = options.cpu_asynchronous {
+            let takes_it = super::discovery::known_plugin_at(plugin.path())
+                .is_some_and(|known| known.asynchronous_option);
+            if !takes_it {
+                return Err(Error::InvalidOption {
+                    option: "cpu_asynchronous (TPU_RS_CPU_ASYNC)",
+                    reason: format!(
+                        "the plugin {} has no choice of synchronous launches (the `jax-cpu` plugin has)",
+                        plugin.path().display()
+                    ),
+                });
+            }
             named.push(create_option("asynchronous", |v| {
                 v.type_ = sys::PJRT_NamedValue_Type_PJRT_NamedValue_kBool;
                 v.__bindgen_anon_1.bool_value = asynchronous;

@@ -32,6 +32,9 @@ pub struct KnownPlugin {
     /// Whether serializing an executable leaves every program correct, so
     /// the compile cache may keep executables on disk.
     pub serializes_safely: bool,
+    /// Whether its client takes the `asynchronous` create option (runs
+    /// programs on the launching thread when it is false).
+    pub asynchronous_option: bool,
 }
 
 impl KnownPlugin {
@@ -58,6 +61,7 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
             sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
         }),
         serializes_safely: true,
+        asynchronous_option: true,
     },
     KnownPlugin {
         name: "xla-cpu",
@@ -72,6 +76,7 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
         // Serializing corrupts results of programs run afterwards (seen as
         // training losses off by up to 1% at random steps).
         serializes_safely: false,
+        asynchronous_option: false,
     },
     KnownPlugin {
         name: "tpu",
@@ -84,6 +89,7 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
             sha256: "f5e2e596eaea9357fbb5a6755a7a9007c6ab75bfde4a55191b03eff402971140",
         }),
         serializes_safely: true,
+        asynchronous_option: false,
     },
     KnownPlugin {
         name: "cuda",
@@ -93,6 +99,7 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
         library: "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
         wheel: None,
         serializes_safely: true,
+        asynchronous_option: false,
     },
 ];
 
