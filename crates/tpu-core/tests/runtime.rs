@@ -674,7 +674,7 @@ fn a_synchronous_cpu_client_finishes_each_program_before_launch_returns() {
         .is_some_and(|p| p.asynchronous_option);
     if !takes_it {
         // A plugin without the option refuses it rather than ignore it.
-        let err = made.err().expect("a plugin without the option refuses it");
+        let err = made.expect_err("a plugin without the option refuses it");
         assert!(
             matches!(err, Error::InvalidOption { .. })
                 && err.to_string().contains("TPU_RS_CPU_ASYNC"),
