@@ -7,7 +7,7 @@ use tpu_core::{DType, Tensor};
 
 use super::{Call, Done, NativeOp, apply, apply_with, error, op};
 use crate::error::{BridgeError, Result};
-use crate::kernels::{cast, full};
+use crate::kernels::{cast, full, fused};
 
 /// Registers `name`, whose kernel `f` computes a new tensor.
 fn functional(
@@ -150,10 +150,21 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         &[],
         masked_fill,
     );
-    both(ops, "lerp.Scalar", "lerp_.Scalar", &[], lerp);
-    both(ops, "lerp.Tensor", "lerp_.Tensor", &[], lerp);
-    both(ops, "addcmul", "addcmul_", &[0, 1, 2], addcmul);
-    both(ops, "addcdiv", "addcdiv_", &[0, 1, 2], addcdiv);
+    // One program each, even under Strict: PyTorch's CPU kernels compute
+    // these with fused multiply-adds, which XLA forms only within a program
+    // (as single-op programs they were an ulp off on 10-25% of elements).
+    both(ops, "lerp.Scalar", "lerp_.Scalar", &[], |c| {
+        fused(|| lerp(c))
+    });
+    both(ops, "lerp.Tensor", "lerp_.Tensor", &[], |c| {
+        fused(|| lerp(c))
+    });
+    both(ops, "addcmul", "addcmul_", &[0, 1, 2], |c| {
+        fused(|| addcmul(c))
+    });
+    both(ops, "addcdiv", "addcdiv_", &[0, 1, 2], |c| {
+        fused(|| addcdiv(c))
+    });
     functional(ops, "tanh_backward", &[], tanh_backward);
     functional(ops, "sigmoid_backward", &[], sigmoid_backward);
     functional(ops, "threshold_backward", &[], threshold_backward);
@@ -356,7 +367,7 @@ pub fn opmath(d: DType) -> DType {
 }
 
 /// `self + value * t1 <op> t2`, evaluated left to right as the CPU does.
-fn fused(c: &Call<'_>, op: &str) -> Result<Tensor> {
+fn pointwise(c: &Call<'_>, op: &str) -> Result<Tensor> {
     let d = c.promoted()?;
     let m = opmath(d);
     let operand = |i: usize| cast(c.operand(i, d)?, m);
@@ -370,7 +381,7 @@ fn fused(c: &Call<'_>, op: &str) -> Result<Tensor> {
 }
 
 fn addcmul(c: &Call<'_>) -> Result<Tensor> {
-    fused(c, "mul")
+    pointwise(c, "mul")
 }
 
 fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
@@ -381,7 +392,7 @@ fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
              torch.floor_divide instead.",
         ));
     }
-    fused(c, "div")
+    pointwise(c, "div")
 }
 
 /// `~x`: logical for bool, else `x ^ all-ones` (-1 in signed types, the
