@@ -102,7 +102,8 @@ pub fn register(ops: &mut Vec<NativeOp>) {
 
 /// Runs `f` for every tensor of list argument 0 and writes each result
 /// into it (`in_place`) or returns them as new tensors. `f` answering
-/// `None` for any tensor declines the whole call before anything runs.
+/// `None` for any tensor declines the whole call before anything is
+/// written (PyTorch's per-tensor composite then runs it).
 fn each(
     c: &Call<'_>,
     f: impl Fn(&Call<'_>, usize) -> Result<Option<Tensor>>,
