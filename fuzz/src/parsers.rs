@@ -74,6 +74,7 @@ const VARIABLES: &[&str] = &[
     "TPU_RS_CPU_DEVICES",
     "TPU_RS_CPU_ASYNC",
     "TPU_RS_CACHE_MAX_BYTES",
+    "TPU_RS_COMPILE_THREADS",
 ];
 
 const NEAR_MISSES: &[&str] = &[
@@ -126,6 +127,7 @@ pub fn settings(data: &[u8]) {
     check_setting(settings::count(get, "TPU_RS_CPU_DEVICES").map(drop));
     check_setting(settings::switch(get, "TPU_RS_CPU_ASYNC").map(drop));
     check_setting(settings::bytes(get, "TPU_RS_CACHE_MAX_BYTES").map(drop));
+    check_setting(tpu_core::compile_pool::threads_from_lookup(get).map(drop));
 }
 
 fn check_setting(result: tpu_core::Result<()>) {

@@ -22,6 +22,7 @@
 pub mod autograd;
 pub mod block;
 mod cache;
+pub mod compile_pool;
 mod device;
 mod dtype;
 mod error;

@@ -13,10 +13,12 @@
 
 mod debug;
 mod defer;
+mod launch_queue;
 mod lru;
 mod strict;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use debug::{Debug, DebugChecks};
 pub use defer::{DeferAndFuse, DeferConfig};
@@ -26,7 +28,7 @@ use tpu_core::policy::{ExecutionPolicy, PolicyFactory};
 inventory::submit! {
     PolicyFactory {
         name: "strict",
-        create: || Ok(Arc::new(Strict::new()) as Arc<dyn ExecutionPolicy>),
+        create: || Ok(Strict::compiling_ahead()? as Arc<dyn ExecutionPolicy>),
     }
 }
 inventory::submit! {
@@ -40,6 +42,13 @@ inventory::submit! {
         name: "defer_and_fuse",
         create: || Ok(DeferAndFuse::new(DeferConfig::from_env()?) as Arc<dyn ExecutionPolicy>),
     }
+}
+
+/// A token for a pending value, unique across every policy instance, so a
+/// token names the graph or launch that will compute it.
+pub(crate) fn next_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// References this crate (and the op kernels) so their records are linked.

@@ -2,18 +2,27 @@
 //! attributes, input types, device) and executed asynchronously. A reshape
 //! runs no program: its output shares its input's buffer, and the next
 //! program to read it reshapes it inside.
+//!
+//! The policy instances `TPU_RS_EAGER` selects compile ahead: a call whose
+//! program is not built yet is queued while the compile pool builds it,
+//! and returns pending outputs, as a CUDA launch returns before the kernel
+//! runs; so a first step traces on while its programs compile in parallel.
+//! Calls on values still queued queue behind them. Reading a value waits
+//! for the launches it needs; a failed launch raises its error there.
 
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
+use tpu_core::compile_pool::{self, Compiling};
 use tpu_core::metrics::CutReason;
 use tpu_core::op::{Attrs, OpId, single_op_program_over};
-use tpu_core::pjrt::{Buffer, CompileOptions, Executable};
+use tpu_core::pjrt::{Buffer, CompileOptions};
 use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::recompile::{self, OpSignature};
 use tpu_core::stablehlo::TensorType;
-use tpu_core::{Result, Runtime, Shape, Tensor};
+use tpu_core::{Device, Error, Pending, Result, Runtime, Shape, Tensor, TensorValue};
 
+use crate::launch_queue::{Launch, LaunchQueue, Output, Until, Work, op_failed};
 use crate::lru::{KEPT, Lru};
 
 /// The op whose output is its input's elements under a new shape.
@@ -27,11 +36,11 @@ struct Entry {
     /// [`tpu_core::TensorValue::Reshaped`]).
     stored: Vec<Shape>,
     device: usize,
-    executable: Arc<Executable>,
+    executable: Arc<Compiling>,
 }
 
 impl Entry {
-    fn matches(&self, call: &OpCall<'_>, buffers: &[Arc<Buffer>]) -> bool {
+    fn matches(&self, call: &OpCall<'_>, stored: &[Shape]) -> bool {
         self.op == call.id
             && self.device == call.device
             && self.attrs == *call.attrs
@@ -41,7 +50,7 @@ impl Entry {
                 .iter()
                 .zip(call.inputs)
                 .all(|(t, x)| t == x.ty())
-            && self.stored.iter().zip(buffers).all(|(s, b)| s == b.shape())
+            && self.stored == stored
     }
 }
 
@@ -50,53 +59,84 @@ pub struct Strict {
     /// Executables by a hash of the call's key; entries are compared in
     /// full. The least recently used go once [`KEPT`] hashes are held.
     executables: Mutex<Lru<u64, Vec<Entry>>>,
+    /// Set when this instance compiles ahead.
+    ahead: Option<Ahead>,
+}
+
+/// What compiling ahead needs: the instance itself (pending outputs name
+/// it) and its queue of launches.
+struct Ahead {
+    me: Weak<Strict>,
+    queue: Arc<LaunchQueue>,
 }
 
 impl Default for Strict {
     fn default() -> Strict {
         Strict {
             executables: Mutex::new(Lru::new(KEPT)),
+            ahead: None,
         }
     }
 }
 
-fn call_hash(call: &OpCall<'_>, buffers: &[Arc<Buffer>]) -> u64 {
+fn call_hash(call: &OpCall<'_>, stored: &[Shape]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     call.id.hash(&mut h);
     call.device.hash(&mut h);
     call.attrs.hash(&mut h);
-    for (x, b) in call.inputs.iter().zip(buffers) {
+    for (x, s) in call.inputs.iter().zip(stored) {
         x.ty().hash(&mut h);
-        b.shape().hash(&mut h);
+        s.hash(&mut h);
     }
     h.finish()
 }
 
 impl Strict {
-    /// A Strict policy with an empty executable table.
+    /// A Strict policy that compiles each program on the calling thread,
+    /// so every call has launched when it returns.
     pub fn new() -> Strict {
         Strict::default()
     }
 
-    /// The executable for `call` on `buffers` (its inputs' elements),
-    /// compiled on first use.
-    fn executable(&self, call: &OpCall<'_>, buffers: &[Arc<Buffer>]) -> Result<Arc<Executable>> {
-        let hash = call_hash(call, buffers);
+    /// A Strict policy that compiles ahead on the compile pool (see the
+    /// module docs); one that compiles on the calling thread when
+    /// `TPU_RS_COMPILE_THREADS` turns the pool off.
+    pub fn compiling_ahead() -> Result<Arc<Strict>> {
+        if !compile_pool::enabled()? {
+            return Ok(Arc::new(Strict::new()));
+        }
+        Ok(Arc::new_cyclic(|me| Strict {
+            ahead: Some(Ahead {
+                me: me.clone(),
+                queue: Arc::default(),
+            }),
+            ..Strict::default()
+        }))
+    }
+
+    /// The program for `call` on inputs whose elements sit in buffers of
+    /// the `stored` shapes, compiled (or compiling) on first use.
+    fn executable(&self, call: &OpCall<'_>, stored: &[Shape]) -> Result<Arc<Compiling>> {
+        let hash = call_hash(call, stored);
         {
             let mut table = self.executables.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(e) = table
                 .get_mut(&hash)
-                .and_then(|es| es.iter().find(|e| e.matches(call, buffers)))
+                .and_then(|es| es.iter().find(|e| e.matches(call, stored)))
             {
                 return Ok(e.executable.clone());
             }
         }
         let types: Vec<TensorType> = call.inputs.iter().map(|x| x.ty().clone()).collect();
-        let stored: Vec<Shape> = buffers.iter().map(|b| b.shape().clone()).collect();
         let shapes: Vec<&Shape> = stored.iter().collect();
         let program = single_op_program_over(call.op, &types, &shapes, call.attrs)?;
-        let executable =
-            Runtime::global()?.compile(&program, &CompileOptions::on_device(call.device))?;
+        let options = CompileOptions::on_device(call.device);
+        let executable = match self.ahead {
+            Some(_) => compile_pool::compile(program, options)?,
+            None => Compiling::finished(Ok(Runtime::global()?
+                .compile(&program, &options)
+                .map_err(|e| op_failed(call.op.name, call.location, call.inputs, e))?)),
+        };
         let mut identity = std::collections::hash_map::DefaultHasher::new();
         (call.id, call.device).hash(&mut identity);
         let signature = OpSignature {
@@ -114,7 +154,7 @@ impl Strict {
             op: call.id,
             attrs: call.attrs.clone(),
             inputs: types,
-            stored,
+            stored: stored.to_vec(),
             device: call.device,
             executable: executable.clone(),
         };
@@ -126,8 +166,23 @@ impl Strict {
         Ok(executable)
     }
 
-    /// Runs `call` now; outputs are enqueued, not waited for.
+    /// Launches `call` (or queues it behind its program's compile or its
+    /// inputs' launches); outputs are enqueued, not waited for.
     pub(crate) fn run(&self, call: &OpCall<'_>) -> Result<Vec<Tensor>> {
+        if let Some(ahead) = &self.ahead
+            && call.inputs.iter().any(|x| self.queued(x).is_some())
+        {
+            let stored: Vec<Shape> = call
+                .inputs
+                .iter()
+                .map(|x| self.stored_shape(ahead, x))
+                .collect::<Result<_>>()?;
+            let work = match (call.op.name, stored.as_slice()) {
+                (RESHAPE, [_]) => Work::Reshape,
+                _ => Work::Program(self.executable(call, &stored)?),
+            };
+            return self.enqueue(ahead, call, work, &stored);
+        }
         let buffers: Vec<Arc<Buffer>> = call
             .inputs
             .iter()
@@ -138,10 +193,107 @@ impl Strict {
         {
             return Ok(vec![Tensor::reshaped(buffer.clone(), ty.clone())?]);
         }
-        let executable = self.executable(call, &buffers)?;
+        let stored: Vec<Shape> = buffers.iter().map(|b| b.shape().clone()).collect();
+        let executable = self.executable(call, &stored)?;
+        let program = match (executable.try_get(), &self.ahead) {
+            (Some(program), _) => program,
+            (None, Some(ahead)) => {
+                return self.enqueue(ahead, call, Work::Program(executable), &stored);
+            }
+            (None, None) => executable.wait(),
+        };
         let args: Vec<&Buffer> = buffers.iter().map(Arc::as_ref).collect();
-        let outputs = executable.run(&args)?;
+        let outputs = program
+            .and_then(|p| p.run(&args))
+            .map_err(|e| op_failed(call.op.name, call.location, call.inputs, e))?;
         Ok(outputs.into_iter().map(Tensor::from_buffer).collect())
+    }
+
+    /// The token of `x`'s value if it waits in this instance's queue.
+    fn queued(&self, x: &Tensor) -> Option<u64> {
+        match x.value() {
+            TensorValue::Pending(p)
+                if std::ptr::addr_eq(Arc::as_ptr(&p.policy), self as *const Strict) =>
+            {
+                Some(p.token)
+            }
+            _ => None,
+        }
+    }
+
+    /// The shape of the buffer holding (or that will hold) `x`'s elements;
+    /// a value pending elsewhere is computed first.
+    fn stored_shape(&self, ahead: &Ahead, x: &Tensor) -> Result<Shape> {
+        if let Some(token) = self.queued(x)
+            && let Some(shape) = ahead.queue.stored_shape(token)
+        {
+            return Ok(shape);
+        }
+        match x.value() {
+            // Its launch failed: the queued call will raise that error.
+            TensorValue::Pending(_) if self.queued(x).is_some() => Ok(x.shape().clone()),
+            _ => Ok(x.elements()?.shape().clone()),
+        }
+    }
+
+    /// Queues `call` to run `work` on inputs stored in `stored` shapes, and
+    /// returns its pending outputs.
+    fn enqueue(
+        &self,
+        ahead: &Ahead,
+        call: &OpCall<'_>,
+        work: Work,
+        stored: &[Shape],
+    ) -> Result<Vec<Tensor>> {
+        let me: Arc<dyn tpu_core::policy::ExecutionPolicy> =
+            ahead.me.upgrade().ok_or_else(|| {
+                Error::Signature("a Strict policy queued a call while dropped".into())
+            })?;
+        let mut tensors = Vec::with_capacity(call.outputs.len());
+        let mut outputs = Vec::with_capacity(call.outputs.len());
+        for ty in &call.outputs {
+            let token = crate::next_token();
+            let pending = Pending {
+                policy: me.clone(),
+                token,
+            };
+            let tensor = Tensor::pending(ty.clone(), Device::Tpu(call.device), pending);
+            let stored = match work {
+                Work::Reshape => stored[0].clone(),
+                Work::Program(_) => ty.shape.clone(),
+            };
+            outputs.push(Output {
+                token,
+                tensor: tensor.downgrade(),
+                stored,
+            });
+            tensors.push(tensor);
+        }
+        let compiling = match &work {
+            Work::Program(compiling) => Some(compiling.clone()),
+            Work::Reshape => None,
+        };
+        ahead.queue.push(Launch {
+            op: call.op.name,
+            location: call.location,
+            work,
+            inputs: call.inputs.to_vec(),
+            outputs,
+        });
+        match compiling {
+            // Launched by the worker that finishes the compile, if nothing
+            // reads its outputs first.
+            Some(compiling) => {
+                let queue = Arc::downgrade(&ahead.queue);
+                compiling.then(move || {
+                    if let Some(queue) = queue.upgrade() {
+                        queue.pump(Until::Ready);
+                    }
+                });
+            }
+            None => ahead.queue.pump(Until::Ready),
+        }
+        Ok(tensors)
     }
 }
 
@@ -154,12 +306,17 @@ impl ExecutionPolicy for Strict {
         self.run(&call)
     }
 
-    fn materialize(&self, _tensor: &Tensor) -> Result<()> {
-        // Strict never leaves values pending.
-        Ok(())
+    fn materialize(&self, tensor: &Tensor) -> Result<()> {
+        match (&self.ahead, self.queued(tensor)) {
+            (Some(ahead), Some(token)) => ahead.queue.materialize(token),
+            _ => Ok(()),
+        }
     }
 
     fn flush(&self, _reason: CutReason) -> Result<()> {
+        if let Some(ahead) = &self.ahead {
+            ahead.queue.pump(Until::Empty);
+        }
         Ok(())
     }
 }

@@ -296,6 +296,94 @@ macro_rules! test_op {
 
 test_op!("test_wrong_double", wrong_lowering);
 test_op!("test_unlowerable", failing_lowering);
+test_op!("test_uncompilable", uncompilable_lowering);
+
+/// A kernel whose program lowers but does not compile: it adds operands of
+/// different shapes.
+fn uncompilable_lowering(
+    b: &mut tpu_core::stablehlo::Builder,
+    x: &[tpu_core::stablehlo::Value],
+    _: &Attrs,
+) -> tpu_core::op::OpResult<Vec<tpu_core::stablehlo::Value>> {
+    let scalar = b.constant(x[0].dtype(), [7], 1.0);
+    Ok(vec![b.binary("stablehlo.add", &x[0], &scalar)])
+}
+
+/// A width no earlier run compiled programs for (the disk cache keeps
+/// them across runs).
+fn fresh_width() -> usize {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as usize);
+    1000 + nanos % 100_000
+}
+
+#[test]
+fn strict_queues_calls_while_their_programs_compile_and_reads_wait_for_them() {
+    let n = fresh_width();
+    let run = |x: &Tensor, returned_pending: &mut usize| {
+        let mut y = x.clone();
+        for name in ["tanh", "sin", "neg", "cos", "sigmoid", "relu"] {
+            y = op(name, &[&y]);
+            let flat = op_with("reshape", &[&y], Attrs::new().with("shape", vec![-1i64]));
+            let doubled = op("add", &[&flat, &flat]);
+            y = op_with(
+                "reshape",
+                &[&doubled],
+                Attrs::new().with("shape", vec![2i64, -1]),
+            );
+            *returned_pending += usize::from(y.is_pending());
+        }
+        y
+    };
+    let mut pending = 0;
+    let expected = values(&run(&ramp(&[2, n], 0.01, Device::Cpu), &mut pending));
+    let x = ramp(&[2, n], 0.01, Device::Tpu(0));
+    let got = with_eager_mode(EagerMode::Strict, || {
+        let y = run(&x, &mut pending);
+        values(&y)
+    })
+    .unwrap();
+    assert!(
+        pending > 0,
+        "every call waited for its program: none was queued"
+    );
+    assert_close(&got, &expected, 1e-6);
+}
+
+#[test]
+fn a_queued_program_that_fails_to_compile_raises_at_the_read_naming_the_op() {
+    let x = ramp(&[3, fresh_width()], 0.1, Device::Tpu(0));
+    with_eager_mode(EagerMode::Strict, || {
+        let inputs = [x.clone()];
+        let y = tpu_core::policy::call("test_uncompilable", &inputs, &Attrs::new(), None);
+        // Queued (or failed at once, had the compile been quick).
+        let read = y.and_then(|y| op("neg", &[&y[0]]).to_host());
+        let err = read.expect_err("an uncompilable program").to_string();
+        assert!(err.contains("test_uncompilable"), "{err}");
+        // The policy still runs other calls.
+        assert_close(
+            &values(&op("neg", &[&x])),
+            &values(&x).iter().map(|v| -v).collect::<Vec<_>>(),
+            0.0,
+        );
+    })
+    .unwrap();
+    // Debug raises it at the call.
+    let err = with_eager_mode(EagerMode::Debug, || {
+        tpu_core::policy::call(
+            "test_uncompilable",
+            std::slice::from_ref(&x),
+            &Attrs::new(),
+            None,
+        )
+        .map(|_| ())
+    })
+    .unwrap()
+    .expect_err("Debug compiles before returning")
+    .to_string();
+    assert!(err.contains("test_uncompilable"), "{err}");
+}
 
 #[test]
 fn debug_parity_names_the_first_diverging_op() {

@@ -95,6 +95,7 @@ fn malformed_settings_are_errors_naming_the_variable() {
         ("TPU_RS_CPU_DEVICES", "zero", None),
         ("TPU_RS_CPU_ASYNC", "sometimes", None),
         ("TPU_RS_CACHE_MAX_BYTES", "lots", None),
+        ("TPU_RS_COMPILE_THREADS", "many", Some("strict")),
     ];
     for (variable, value, mode) in cases {
         let mut cmd = child("child_one_op");

@@ -21,7 +21,6 @@ mod graph;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use graph::{Graph, Node, Output, Plan, Src, lower, node_error, plan};
@@ -121,12 +120,9 @@ pub struct DeferAndFuse {
     strict: Strict,
 }
 
-/// Tokens are unique across instances, so a token names its graph.
-static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-
 /// A new pending output of type `ty` on `device`, and its node record.
 fn pending(me: &Arc<dyn ExecutionPolicy>, ty: &TensorType, device: usize) -> (Tensor, Output) {
-    let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+    let token = crate::next_token();
     let t = Tensor::pending(
         ty.clone(),
         Device::Tpu(device),
@@ -751,7 +747,7 @@ impl ExecutionPolicy for DeferAndFuse {
                         None => Output {
                             ty: ty.clone(),
                             tensor: WeakTensor::default(),
-                            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
+                            token: crate::next_token(),
                         },
                     };
                     outputs.push(out);

@@ -1,0 +1,220 @@
+//! Launches waiting for their programs to compile. A policy queues a call
+//! whose program is still compiling (or whose inputs wait in the queue),
+//! hands out pending outputs and goes on; queued launches run in the order
+//! they were queued as soon as each program is ready — from the compile
+//! worker that finished it, from the next call, or from a read of a value
+//! that waits for it. Values are immutable, so a ready call that skips the
+//! queue cannot see a stale input.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tpu_core::compile_pool::Compiling;
+use tpu_core::profile::CallSite;
+use tpu_core::{Buffer, Error, Result, Shape, Tensor, TensorValue, WeakTensor};
+
+/// What a queued launch does once it is first in line.
+pub(crate) enum Work {
+    /// Runs the program.
+    Program(Arc<Compiling>),
+    /// Gives its one input's elements its output's shape, running nothing.
+    Reshape,
+}
+
+/// One queued call: its op and call site (which a failure names), work,
+/// inputs and outputs.
+pub(crate) struct Launch {
+    pub op: &'static str,
+    pub location: CallSite,
+    pub work: Work,
+    pub inputs: Vec<Tensor>,
+    pub outputs: Vec<Output>,
+}
+
+/// A queued call's output.
+pub(crate) struct Output {
+    /// Its pending value's token.
+    pub token: u64,
+    /// Held weakly: an output nobody holds needs no value.
+    pub tensor: WeakTensor,
+    /// The shape of the buffer that will hold its elements.
+    pub stored: Shape,
+}
+
+/// How long [`LaunchQueue::pump`] waits for compiles.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Launches what is ready, waiting for nothing.
+    Ready,
+    /// Until the launch computing the value with this token has run.
+    Token(u64),
+    /// Until the queue is empty.
+    Empty,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: VecDeque<Launch>,
+    /// Outputs of launches that failed, with the error a read of them
+    /// raises.
+    failed: Vec<(u64, WeakTensor, Error)>,
+}
+
+/// The queue.
+#[derive(Default)]
+pub(crate) struct LaunchQueue {
+    state: Mutex<State>,
+}
+
+impl LaunchQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `launch` behind the others.
+    pub fn push(&self, launch: Launch) {
+        self.lock().waiting.push_back(launch);
+    }
+
+    /// Runs queued launches in order: each one whose program is ready, and
+    /// with `until` other than [`Until::Ready`], waits for compiles until
+    /// that point.
+    pub fn pump(&self, until: Until) {
+        loop {
+            let mut state = self.lock();
+            let Some(front) = state.waiting.front() else {
+                return;
+            };
+            if let Until::Token(token) = until
+                && !state
+                    .waiting
+                    .iter()
+                    .any(|l| l.outputs.iter().any(|o| o.token == token))
+            {
+                return;
+            }
+            let program = match &front.work {
+                Work::Program(compiling) => match compiling.try_get() {
+                    Some(program) => Some(program),
+                    None if until == Until::Ready => return,
+                    None => {
+                        let compiling = compiling.clone();
+                        drop(state);
+                        let _ = compiling.wait();
+                        continue;
+                    }
+                },
+                Work::Reshape => None,
+            };
+            if let Some(launch) = state.waiting.pop_front() {
+                // Launched under the lock: the queue's order is the order
+                // programs reach the device.
+                run(&mut state, launch, program);
+            }
+        }
+    }
+
+    /// The shape of the buffer that will hold the elements of the pending
+    /// value with `token`, while its launch waits.
+    pub fn stored_shape(&self, token: u64) -> Option<Shape> {
+        self.lock()
+            .waiting
+            .iter()
+            .flat_map(|l| &l.outputs)
+            .find(|o| o.token == token)
+            .map(|o| o.stored.clone())
+    }
+
+    /// Computes the pending value with `token`, or raises the error of the
+    /// launch that failed to.
+    pub fn materialize(&self, token: u64) -> Result<()> {
+        self.pump(Until::Token(token));
+        let state = self.lock();
+        match state.failed.iter().find(|(t, _, _)| *t == token) {
+            Some((_, _, error)) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs `launch` and gives its outputs their values, or notes its error.
+fn run(state: &mut State, launch: Launch, program: Option<Result<Arc<tpu_core::Executable>>>) {
+    if launch.outputs.iter().all(|o| !o.tensor.is_alive()) {
+        return;
+    }
+    let inputs = launch
+        .inputs
+        .iter()
+        .map(|x| elements(state, x))
+        .collect::<Result<Vec<Arc<Buffer>>>>();
+    // An input's failure is passed on as it is: it names its own op.
+    let outcome = inputs.and_then(|buffers| match (&launch.work, program) {
+        (Work::Reshape, _) => Ok(buffers.into_iter().map(TensorValue::Reshaped).collect()),
+        (Work::Program(_), program) => {
+            let args: Vec<&Buffer> = buffers.iter().map(Arc::as_ref).collect();
+            program
+                .unwrap_or_else(|| Err(Error::Signature("a queued program was not ready".into())))
+                .and_then(|p| p.run(&args))
+                .map(|outputs| {
+                    outputs
+                        .into_iter()
+                        .map(|b| TensorValue::Device(Arc::new(b)))
+                        .collect::<Vec<_>>()
+                })
+                .map_err(|source| op_failed(launch.op, launch.location, &launch.inputs, source))
+        }
+    });
+    match outcome {
+        Ok(values) => {
+            for (output, value) in launch.outputs.iter().zip(values) {
+                if let Some(t) = output.tensor.upgrade() {
+                    t.set_value(match value {
+                        TensorValue::Reshaped(b) if b.shape() == t.shape() => {
+                            TensorValue::Device(b)
+                        }
+                        value => value,
+                    });
+                }
+            }
+        }
+        Err(error) => {
+            state.failed.retain(|(_, o, _)| o.is_alive());
+            for output in launch.outputs {
+                state
+                    .failed
+                    .push((output.token, output.tensor, error.clone()));
+            }
+        }
+    }
+}
+
+/// The buffer holding `x`'s elements: every launch `x` waited on has run,
+/// so it is on the device unless that launch failed.
+fn elements(state: &State, x: &Tensor) -> Result<Arc<Buffer>> {
+    match x.value() {
+        TensorValue::Device(b) | TensorValue::Reshaped(b) => Ok(b),
+        TensorValue::Pending(p) => Err(state
+            .failed
+            .iter()
+            .find(|(t, _, _)| *t == p.token)
+            .map(|(_, _, e)| e.clone())
+            .unwrap_or_else(|| {
+                Error::Signature("a queued launch's input was never computed".into())
+            })),
+        TensorValue::Host(_) => x.elements(),
+    }
+}
+
+/// The error of call `op` at `location` on `inputs` failing with `source`.
+pub(crate) fn op_failed(op: &str, location: CallSite, inputs: &[Tensor], source: Error) -> Error {
+    Error::OpFailed {
+        op: op.to_string(),
+        location: location.to_string(),
+        inputs: inputs
+            .iter()
+            .map(|x| x.ty().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        source: Box::new(source),
+    }
+}
