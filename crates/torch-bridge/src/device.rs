@@ -152,5 +152,5 @@ pub fn synchronize(py: Python<'_>) -> PyResult<()> {
 /// compiles it needs let other Python threads run).
 #[pyfunction]
 pub fn flush(py: Python<'_>) -> PyResult<()> {
-    Ok(py.detach(|| crate::profile::from_python(kernels::flush))?)
+    Ok(py.detach(|| crate::profile::from_python(kernels::start))?)
 }

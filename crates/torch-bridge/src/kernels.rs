@@ -82,7 +82,14 @@ pub fn set_policy(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Starts everything pending, without waiting for it.
+/// Starts everything pending, without waiting for it (or for the
+/// compiles its launches wait on).
+pub fn start() -> Result<()> {
+    Ok(current()?.start(tpu_core::metrics::CutReason::Sync)?)
+}
+
+/// Launches everything pending, waiting for the compiles that takes, but
+/// not for the device to finish.
 pub fn flush() -> Result<()> {
     Ok(current()?.flush(tpu_core::metrics::CutReason::Sync)?)
 }
@@ -113,7 +120,7 @@ pub fn fused<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     let result = f();
     FUSING.set(false);
     // A kernel's own end, as an explicit sync is the user's.
-    policy.flush(tpu_core::metrics::CutReason::Sync)?;
+    policy.start(tpu_core::metrics::CutReason::Sync)?;
     result
 }
 

@@ -214,7 +214,7 @@ pub fn vjp_values(
             gs.push(tape.input(g));
         }
         let result = tape.backward_rule(def, &attrs, &vars, &outputs, &gs)?;
-        policy.flush(tpu_core::metrics::CutReason::Backward)?;
+        policy.start(tpu_core::metrics::CutReason::Backward)?;
         result
             .into_iter()
             .map(|g| g.map(|v| Ok(tape.value(v)?.clone())).transpose())

@@ -425,6 +425,19 @@ impl Layout {
         self.offset == 0 && self.numel() == numel && self.is_dense()
     }
 
+    /// One past the last storage element the view reaches (a view with
+    /// elements; an empty one reaches none).
+    fn extent(&self) -> usize {
+        self.offset
+            + self
+                .size
+                .iter()
+                .zip(&self.stride)
+                .map(|(&n, &s)| n.saturating_sub(1) * s)
+                .sum::<usize>()
+            + 1
+    }
+
     fn attrs(&self) -> Attrs {
         Attrs::new()
             .with("size", self.size.as_slice())
@@ -460,7 +473,32 @@ pub fn read(storage: &Storage, layout: &Layout) -> Result<Tensor> {
         let attrs = Attrs::new().with("shape", layout.size.as_slice());
         return call1("reshape", &[value], &attrs);
     }
+    if layout.offset > 0 {
+        return read_window(value, layout);
+    }
     call1("as_strided", &[value], &layout.attrs())
+}
+
+/// A view at a nonzero offset, read from the window of the storage that
+/// starts there, the start given as a device scalar: its programs serve
+/// every offset, where one built per offset would compile again for each
+/// slice of a split or a concatenation's backward (hundreds in a DenseNet).
+fn read_window(value: Tensor, layout: &Layout) -> Result<Tensor> {
+    let Device::Tpu(device) = value.device() else {
+        return call1("as_strided", &[value], &layout.attrs());
+    };
+    let at_start = Layout {
+        offset: 0,
+        ..layout.clone()
+    };
+    let flat = Attrs::new().with("shape", vec![value.shape().numel()]);
+    let flat = call1("reshape", &[value], &flat)?;
+    let start = tpu_core::scalars::scalar(DType::I64, layout.offset as f64, Device::Tpu(device))?;
+    let window = Attrs::new()
+        .with("dim", 0i64)
+        .with("length", at_start.extent());
+    let window = call1("dynamic_slice", &[flat, start], &window)?;
+    call1("as_strided", &[window], &at_start.attrs())
 }
 
 /// Writes `src` (shaped `layout.size`, the storage's dtype) through a view.

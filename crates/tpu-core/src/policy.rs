@@ -144,6 +144,12 @@ pub trait ExecutionPolicy: Send + Sync {
     fn materialize(&self, tensor: &Tensor) -> Result<()>;
     /// Runs everything pending; `reason` says why (for metrics).
     fn flush(&self, reason: CutReason) -> Result<()>;
+    /// Starts everything pending without waiting for programs still
+    /// compiling (their launches follow when they are built); by default
+    /// [`ExecutionPolicy::flush`].
+    fn start(&self, reason: CutReason) -> Result<()> {
+        self.flush(reason)
+    }
     /// Runs `call` together with the pending work its inputs wait on, as
     /// one program replicated over its devices, and returns each member's
     /// output; `None` when this policy cannot (the caller then runs the
@@ -306,7 +312,7 @@ pub fn sync() -> Result<()> {
 
 /// Marks the end of a backward pass: deferred work is cut here.
 pub fn end_of_backward() -> Result<()> {
-    current_policy()?.flush(CutReason::Backward)
+    current_policy()?.start(CutReason::Backward)
 }
 
 fn device_of(op: &OpDef, inputs: &[Tensor], device: Option<Device>) -> Result<Device> {

@@ -169,6 +169,11 @@ impl Tensor {
         }
     }
 
+    /// True when no other handle shares this one's value.
+    pub fn is_unique(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1
+    }
+
     /// True when both handles share one value.
     pub fn same(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

@@ -7,11 +7,11 @@
 //! queue cannot see a stale input.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tpu_core::compile_pool::Compiling;
 use tpu_core::profile::CallSite;
-use tpu_core::{Buffer, Error, Result, Shape, Tensor, TensorValue, WeakTensor};
+use tpu_core::{Buffer, Error, Executable, Result, Shape, Tensor, TensorValue, WeakTensor};
 
 /// What a queued launch does once it is first in line.
 pub(crate) enum Work {
@@ -19,6 +19,26 @@ pub(crate) enum Work {
     Program(Arc<Compiling>),
     /// Gives its one input's elements its output's shape, running nothing.
     Reshape,
+    /// Runs a fused graph: `launch` gets the compile's outcome and the
+    /// buffers of the launch's inputs, and returns the outputs' buffers
+    /// (or the error, blamed on one of its ops).
+    Graph {
+        program: Arc<Compiling>,
+        launch: GraphLaunch,
+    },
+}
+
+/// See [`Work::Graph`].
+pub(crate) type GraphLaunch =
+    Box<dyn FnOnce(Result<Arc<Executable>>, Vec<Arc<Buffer>>) -> Result<Vec<Buffer>> + Send>;
+
+impl Work {
+    fn program(&self) -> Option<&Arc<Compiling>> {
+        match self {
+            Work::Program(program) | Work::Graph { program, .. } => Some(program),
+            Work::Reshape => None,
+        }
+    }
 }
 
 /// One queued call: its op and call site (which a failure names), work,
@@ -60,10 +80,17 @@ struct State {
     failed: Vec<(u64, WeakTensor, Error)>,
 }
 
-/// The queue.
+/// The queue: one per process, so a value queued by one policy can be
+/// read by another without waiting.
 #[derive(Default)]
 pub(crate) struct LaunchQueue {
     state: Mutex<State>,
+}
+
+/// The process's queue.
+pub(crate) fn global() -> &'static Arc<LaunchQueue> {
+    static QUEUE: OnceLock<Arc<LaunchQueue>> = OnceLock::new();
+    QUEUE.get_or_init(Arc::default)
 }
 
 impl LaunchQueue {
@@ -71,9 +98,22 @@ impl LaunchQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `launch` behind the others.
-    pub fn push(&self, launch: Launch) {
+    /// Queues `launch` behind the others; the worker that finishes its
+    /// compile launches it if nothing has by then.
+    pub fn push(self: &Arc<Self>, launch: Launch) {
+        let program = launch.work.program().cloned();
         self.lock().waiting.push_back(launch);
+        match program {
+            Some(program) => {
+                let queue = Arc::downgrade(self);
+                program.then(move || {
+                    if let Some(queue) = queue.upgrade() {
+                        queue.pump(Until::Ready);
+                    }
+                });
+            }
+            None => self.pump(Until::Ready),
+        }
     }
 
     /// Runs queued launches in order: each one whose program is ready, and
@@ -93,8 +133,8 @@ impl LaunchQueue {
             {
                 return;
             }
-            let program = match &front.work {
-                Work::Program(compiling) => match compiling.try_get() {
+            let program = match front.work.program() {
+                Some(compiling) => match compiling.try_get() {
                     Some(program) => Some(program),
                     None if until == Until::Ready => return,
                     None => {
@@ -104,7 +144,7 @@ impl LaunchQueue {
                         continue;
                     }
                 },
-                Work::Reshape => None,
+                None => None,
             };
             if let Some(launch) = state.waiting.pop_front() {
                 // Launched under the lock: the queue's order is the order
@@ -138,35 +178,39 @@ impl LaunchQueue {
 }
 
 /// Runs `launch` and gives its outputs their values, or notes its error.
-fn run(state: &mut State, launch: Launch, program: Option<Result<Arc<tpu_core::Executable>>>) {
-    if launch.outputs.iter().all(|o| !o.tensor.is_alive()) {
+fn run(state: &mut State, launch: Launch, program: Option<Result<Arc<Executable>>>) {
+    let Launch {
+        op,
+        location,
+        work,
+        inputs,
+        outputs,
+    } = launch;
+    if outputs.iter().all(|o| !o.tensor.is_alive()) {
         return;
     }
-    let inputs = launch
-        .inputs
+    let program = || {
+        program.unwrap_or_else(|| Err(Error::Signature("a queued program was not ready".into())))
+    };
+    // An input's failure is passed on as it is: it names its own op.
+    let buffers = inputs
         .iter()
         .map(|x| elements(state, x))
         .collect::<Result<Vec<Arc<Buffer>>>>();
-    // An input's failure is passed on as it is: it names its own op.
-    let outcome = inputs.and_then(|buffers| match (&launch.work, program) {
-        (Work::Reshape, _) => Ok(buffers.into_iter().map(TensorValue::Reshaped).collect()),
-        (Work::Program(_), program) => {
+    let outcome = buffers.and_then(|buffers| match work {
+        Work::Reshape => Ok(buffers.into_iter().map(TensorValue::Reshaped).collect()),
+        Work::Graph { launch, .. } => Ok(on_device(launch(program(), buffers)?)),
+        Work::Program(_) => {
             let args: Vec<&Buffer> = buffers.iter().map(Arc::as_ref).collect();
-            program
-                .unwrap_or_else(|| Err(Error::Signature("a queued program was not ready".into())))
+            program()
                 .and_then(|p| p.run(&args))
-                .map(|outputs| {
-                    outputs
-                        .into_iter()
-                        .map(|b| TensorValue::Device(Arc::new(b)))
-                        .collect::<Vec<_>>()
-                })
-                .map_err(|source| op_failed(launch.op, launch.location, &launch.inputs, source))
+                .map(on_device)
+                .map_err(|source| op_failed(op, location, &inputs, source))
         }
     });
     match outcome {
         Ok(values) => {
-            for (output, value) in launch.outputs.iter().zip(values) {
+            for (output, value) in outputs.iter().zip(values) {
                 if let Some(t) = output.tensor.upgrade() {
                     t.set_value(match value {
                         TensorValue::Reshaped(b) if b.shape() == t.shape() => {
@@ -179,13 +223,20 @@ fn run(state: &mut State, launch: Launch, program: Option<Result<Arc<tpu_core::E
         }
         Err(error) => {
             state.failed.retain(|(_, o, _)| o.is_alive());
-            for output in launch.outputs {
+            for output in outputs {
                 state
                     .failed
                     .push((output.token, output.tensor, error.clone()));
             }
         }
     }
+}
+
+fn on_device(buffers: Vec<Buffer>) -> Vec<TensorValue> {
+    buffers
+        .into_iter()
+        .map(|b| TensorValue::Device(Arc::new(b)))
+        .collect()
 }
 
 /// The buffer holding `x`'s elements: every launch `x` waited on has run,

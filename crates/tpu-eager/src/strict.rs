@@ -22,7 +22,7 @@ use tpu_core::recompile::{self, OpSignature};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Shape, Tensor, TensorValue};
 
-use crate::launch_queue::{Launch, LaunchQueue, Output, Until, Work, op_failed};
+use crate::launch_queue::{self, Launch, LaunchQueue, Output, Until, Work, op_failed};
 use crate::lru::{KEPT, Lru};
 
 /// The op whose output is its input's elements under a new shape.
@@ -108,7 +108,7 @@ impl Strict {
         Ok(Arc::new_cyclic(|me| Strict {
             ahead: Some(Ahead {
                 me: me.clone(),
-                queue: Arc::default(),
+                queue: launch_queue::global().clone(),
             }),
             ..Strict::default()
         }))
@@ -209,14 +209,11 @@ impl Strict {
         Ok(outputs.into_iter().map(Tensor::from_buffer).collect())
     }
 
-    /// The token of `x`'s value if it waits in this instance's queue.
+    /// The token of `x`'s value if its launch waits in the queue.
     fn queued(&self, x: &Tensor) -> Option<u64> {
+        let ahead = self.ahead.as_ref()?;
         match x.value() {
-            TensorValue::Pending(p)
-                if std::ptr::addr_eq(Arc::as_ptr(&p.policy), self as *const Strict) =>
-            {
-                Some(p.token)
-            }
+            TensorValue::Pending(p) if ahead.queue.stored_shape(p.token).is_some() => Some(p.token),
             _ => None,
         }
     }
@@ -229,11 +226,9 @@ impl Strict {
         {
             return Ok(shape);
         }
-        match x.value() {
-            // Its launch failed: the queued call will raise that error.
-            TensorValue::Pending(_) if self.queued(x).is_some() => Ok(x.shape().clone()),
-            _ => Ok(x.elements()?.shape().clone()),
-        }
+        // Launched meanwhile, or pending elsewhere (computed now), or
+        // failed (raising that error).
+        Ok(x.elements()?.shape().clone())
     }
 
     /// Queues `call` to run `work` on inputs stored in `stored` shapes, and
@@ -260,7 +255,7 @@ impl Strict {
             let tensor = Tensor::pending(ty.clone(), Device::Tpu(call.device), pending);
             let stored = match work {
                 Work::Reshape => stored[0].clone(),
-                Work::Program(_) => ty.shape.clone(),
+                _ => ty.shape.clone(),
             };
             outputs.push(Output {
                 token,
@@ -269,10 +264,6 @@ impl Strict {
             });
             tensors.push(tensor);
         }
-        let compiling = match &work {
-            Work::Program(compiling) => Some(compiling.clone()),
-            Work::Reshape => None,
-        };
         ahead.queue.push(Launch {
             op: call.op.name,
             location: call.location,
@@ -280,19 +271,6 @@ impl Strict {
             inputs: call.inputs.to_vec(),
             outputs,
         });
-        match compiling {
-            // Launched by the worker that finishes the compile, if nothing
-            // reads its outputs first.
-            Some(compiling) => {
-                let queue = Arc::downgrade(&ahead.queue);
-                compiling.then(move || {
-                    if let Some(queue) = queue.upgrade() {
-                        queue.pump(Until::Ready);
-                    }
-                });
-            }
-            None => ahead.queue.pump(Until::Ready),
-        }
         Ok(tensors)
     }
 }
@@ -307,8 +285,8 @@ impl ExecutionPolicy for Strict {
     }
 
     fn materialize(&self, tensor: &Tensor) -> Result<()> {
-        match (&self.ahead, self.queued(tensor)) {
-            (Some(ahead), Some(token)) => ahead.queue.materialize(token),
+        match (&self.ahead, tensor.value()) {
+            (Some(ahead), TensorValue::Pending(p)) => ahead.queue.materialize(p.token),
             _ => Ok(()),
         }
     }
@@ -317,6 +295,11 @@ impl ExecutionPolicy for Strict {
         if let Some(ahead) = &self.ahead {
             ahead.queue.pump(Until::Empty);
         }
+        Ok(())
+    }
+
+    fn start(&self, _reason: CutReason) -> Result<()> {
+        // Every call has started: launched, or queued behind a compile.
         Ok(())
     }
 }

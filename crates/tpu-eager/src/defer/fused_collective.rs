@@ -67,7 +67,7 @@ impl DeferAndFuse {
                 let Graph {
                     nodes, externals, ..
                 } = graph;
-                members.push((nodes, Parameters::new(externals, &plan)?));
+                members.push((nodes, Parameters::new(super::ready(externals)?, &plan)?));
             }
             drop(devices);
             let args = members.iter_mut().map(|(_, p)| p.args()).collect();

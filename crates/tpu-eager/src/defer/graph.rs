@@ -10,7 +10,33 @@ use tpu_core::pjrt::Buffer;
 use tpu_core::policy::LowerCollective;
 use tpu_core::profile::CallSite;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
-use tpu_core::{Error, Result, TensorValue, WeakTensor};
+use tpu_core::{Error, Result, Tensor, TensorValue, WeakTensor};
+
+/// A value that existed before the graph: a buffer, or the output of a
+/// launch still waiting in the launch queue (the graph's own launch queues
+/// behind it and reads its buffer then).
+#[derive(Clone)]
+pub(crate) enum External {
+    Ready(Arc<Buffer>),
+    Queued { tensor: Tensor, token: u64 },
+}
+
+impl External {
+    fn ty(&self) -> TensorType {
+        match self {
+            External::Ready(b) => TensorType::new(b.dtype(), b.shape().clone()),
+            External::Queued { tensor, .. } => tensor.ty().clone(),
+        }
+    }
+
+    /// The buffer, once every launch before the graph's has run.
+    pub fn buffer(&self) -> Result<Arc<Buffer>> {
+        match self {
+            External::Ready(b) => Ok(b.clone()),
+            External::Queued { tensor, .. } => tensor.elements(),
+        }
+    }
+}
 
 /// Where a node input comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,7 +149,7 @@ impl Hasher for Fingerprint {
 #[derive(Default)]
 pub(crate) struct Graph {
     pub nodes: Vec<Node>,
-    pub externals: Vec<Arc<Buffer>>,
+    pub externals: Vec<External>,
     /// Token of a pending tensor -> (node, output); outputs no tensor
     /// holds (a block's inner values) are not listed.
     pub tokens: HashMap<u64, (usize, usize), BuildHasherDefault<TokenHasher>>,
@@ -152,20 +178,50 @@ impl Graph {
 
     /// The index of `buffer` among the externals, adding it if new.
     pub fn external(&mut self, buffer: Arc<Buffer>) -> usize {
-        match self.externals.iter().position(|b| Arc::ptr_eq(b, &buffer)) {
-            Some(i) => i,
-            None => {
-                self.externals.push(buffer);
-                self.externals.len() - 1
-            }
+        let known = self
+            .externals
+            .iter()
+            .position(|e| matches!(e, External::Ready(b) if Arc::ptr_eq(b, &buffer)));
+        known.unwrap_or_else(|| {
+            self.externals.push(External::Ready(buffer));
+            self.externals.len() - 1
+        })
+    }
+
+    /// The index of `external` among the externals, adding it if new.
+    pub fn add_external(&mut self, external: &External) -> usize {
+        match external {
+            External::Ready(b) => self.external(b.clone()),
+            External::Queued { tensor, token } => self.queued_external(tensor, *token),
         }
+    }
+
+    /// The index of queued value `tensor` (pending as `token`) among the
+    /// externals, adding it if new.
+    pub fn queued_external(&mut self, tensor: &Tensor, token: u64) -> usize {
+        let known = self
+            .externals
+            .iter()
+            .position(|e| matches!(e, External::Queued { token: t, .. } if *t == token));
+        known.unwrap_or_else(|| {
+            self.externals.push(External::Queued {
+                tensor: tensor.clone(),
+                token,
+            });
+            self.externals.len() - 1
+        })
+    }
+
+    /// Whether some external is still waiting in the launch queue.
+    pub fn reads_queued(&self) -> bool {
+        self.externals
+            .iter()
+            .any(|e| matches!(e, External::Queued { .. }))
     }
 
     pub fn src_type(&self, src: Src) -> TensorType {
         match src {
-            Src::External(i) => {
-                TensorType::new(self.externals[i].dtype(), self.externals[i].shape().clone())
-            }
+            Src::External(i) => self.externals[i].ty(),
             Src::Node(n, o) => self.nodes[n].outputs[o].ty.clone(),
         }
     }
@@ -271,7 +327,13 @@ pub(crate) fn plan(graph: &Graph, results: Vec<(usize, usize)>, needed: &[bool])
     let donations = params
         .iter()
         .map(|&i| {
-            if Arc::strong_count(&graph.externals[i]) != 1 {
+            // Held by this graph alone (a queued value too: its program is
+            // the one the same graph gets once its inputs are buffers).
+            let only_here = match &graph.externals[i] {
+                External::Ready(buffer) => Arc::strong_count(buffer) == 1,
+                External::Queued { tensor, .. } => tensor.is_unique(),
+            };
+            if !only_here {
                 return None;
             }
             let ty = graph.src_type(Src::External(i));

@@ -14,6 +14,11 @@
 //! passed as tensors), so changing values never recompiles. Dead
 //! intermediates are never materialised, and inputs that no tensor holds any
 //! more are donated to the program.
+//!
+//! A cut whose program is still compiling (on the compile pool) is queued
+//! in the launch queue and recording goes on: a later graph takes the
+//! queued values as inputs and queues behind them, so the next graph is
+//! traced, and compiled, while the previous one compiles.
 
 mod dump;
 mod fused_collective;
@@ -23,11 +28,12 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, Weak};
 
-use graph::{Graph, Node, Output, Plan, Src, lower, node_error, plan};
+use graph::{External, Graph, Node, Output, Plan, Src, lower, node_error, plan};
 use tpu_core::block::{Block, BlockSrc};
+use tpu_core::compile_pool::{self, Compiling};
 use tpu_core::metrics::{CutReason, record_cache_hit, record_graph_cut};
 use tpu_core::op::{Flags, single_op_program};
-use tpu_core::pjrt::{Arg, Buffer, CompileOptions, Executable};
+use tpu_core::pjrt::{Arg, Buffer, CompileOptions};
 use tpu_core::policy::{CollectiveCall, EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::profile::{self, CallSite, Detail};
 use tpu_core::recompile::{self, OpSignature};
@@ -36,6 +42,7 @@ use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue, WeakTensor};
 
 use crate::Strict;
+use crate::launch_queue::{self, GraphLaunch, Launch, Until, Work};
 use crate::lru::{KEPT, Lru};
 
 /// Limits on a pending graph.
@@ -116,7 +123,7 @@ pub struct DeferAndFuse {
     devices: Mutex<HashMap<usize, DeviceState>>,
     /// Executables of graphs already cut, by structure; the least
     /// recently used go once [`KEPT`] are held.
-    plans: Mutex<Lru<PlanKey, Arc<Executable>>>,
+    plans: Mutex<Lru<PlanKey, Arc<Compiling>>>,
     strict: Strict,
 }
 
@@ -177,7 +184,10 @@ impl DeferAndFuse {
             match t.value() {
                 TensorValue::Pending(p) => match graph.tokens.get(&p.token) {
                     Some(&(n, o)) => srcs.push(Src::Node(n, o)),
-                    None => foreign.push(t.clone()),
+                    None => match queued(graph, t, p.token) {
+                        Some(src) => srcs.push(src),
+                        None => foreign.push(t.clone()),
+                    },
                 },
                 TensorValue::Device(b) => srcs.push(Src::External(graph.external(b))),
                 // A reshape Strict made without a program, or a host value:
@@ -334,7 +344,7 @@ impl DeferAndFuse {
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for &src in &node.inputs {
                 let resolved = match src {
-                    Src::External(i) => Src::External(state.graph.external(externals[i].clone())),
+                    Src::External(i) => Src::External(state.graph.add_external(&externals[i])),
                     Src::Node(m, o) => {
                         let bridge = bridges.get(&(m, o)).ok_or_else(|| {
                             Error::Signature("a deferred op lost its input".into())
@@ -343,9 +353,9 @@ impl DeferAndFuse {
                             TensorValue::Pending(p) => match state.graph.tokens.get(&p.token) {
                                 Some(&(k, q)) => Src::Node(k, q),
                                 None => {
-                                    return Err(Error::Signature(
-                                        "a deferred input left its graph".into(),
-                                    ));
+                                    queued(&mut state.graph, bridge, p.token).ok_or_else(|| {
+                                        Error::Signature("a deferred input left its graph".into())
+                                    })?
                                 }
                             },
                             TensorValue::Device(b) => Src::External(state.graph.external(b)),
@@ -435,11 +445,20 @@ impl DeferAndFuse {
                 ("at", Detail::from(site.to_string())),
             ]
         });
-        let executable = self.executable(&graph, &plan, &needed, device, reason)?;
+        let compiling = self.executable(&graph, &plan, &needed, device, reason)?;
+        let executable = match compiling.try_get() {
+            Some(Err(e)) => return Err(blame(&graph, &needed, device, e)),
+            Some(Ok(executable)) if !graph.reads_queued() => executable,
+            // Compiling, or reading values still queued: queued behind them.
+            _ => {
+                enqueue(graph, plan, needed, device, site, compiling);
+                return Ok(());
+            }
+        };
         let Graph {
             nodes, externals, ..
         } = graph;
-        let mut params = Parameters::new(externals, &plan)?;
+        let mut params = Parameters::new(ready(externals)?, &plan)?;
         let args = params.args();
         let outputs = executable.execute(args)?;
         for (&(n, o), buffer) in plan.results.iter().zip(outputs) {
@@ -462,7 +481,7 @@ impl DeferAndFuse {
         }
     }
 
-    fn cached(&self, key: &PlanKey) -> Option<Arc<Executable>> {
+    fn cached(&self, key: &PlanKey) -> Option<Arc<Compiling>> {
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -478,7 +497,7 @@ impl DeferAndFuse {
         needed: &[bool],
         device: usize,
         reason: CutReason,
-    ) -> Result<Arc<Executable>> {
+    ) -> Result<Arc<Compiling>> {
         let key = Self::plan_key(graph, plan, device);
         if let Some(exe) = self.cached(&key) {
             record_cache_hit();
@@ -490,9 +509,7 @@ impl DeferAndFuse {
         {
             tracing::warn!(dir = %dir.display(), error = %e, "TPU_RS_DUMP_GRAPHS: cannot write the graph");
         }
-        let exe = Runtime::global()?
-            .compile(&program, &CompileOptions::on_device(device))
-            .map_err(|e| blame(graph, needed, device, e))?;
+        let exe = compile_pool::compile(program, CompileOptions::on_device(device))?;
         note_build(graph, needed, device);
         self.plans
             .lock()
@@ -774,25 +791,27 @@ impl ExecutionPolicy for DeferAndFuse {
         let TensorValue::Pending(p) = tensor.value() else {
             return Ok(());
         };
-        let mut devices = self.lock();
-        let device = devices
-            .iter()
-            .find(|(_, s)| s.graph.tokens.contains_key(&p.token))
-            .map(|(d, _)| *d);
-        match device {
-            Some(d) => match devices.get_mut(&d) {
-                Some(state) => self.cut(state, d, CutReason::HostRead),
-                None => Ok(()),
-            },
-            None => Ok(()),
+        {
+            let mut devices = self.lock();
+            let device = devices
+                .iter()
+                .find(|(_, s)| s.graph.tokens.contains_key(&p.token))
+                .map(|(d, _)| *d);
+            if let Some(d) = device
+                && let Some(state) = devices.get_mut(&d)
+            {
+                self.cut(state, d, CutReason::HostRead)?;
+            }
         }
+        // Cut now or before: its launch may wait in the queue.
+        launch_queue::global().materialize(p.token)
     }
 
     fn fuse_collective(&self, call: &CollectiveCall<'_>) -> Result<Option<Vec<Tensor>>> {
         self.fused_collective(call)
     }
 
-    fn flush(&self, reason: CutReason) -> Result<()> {
+    fn start(&self, reason: CutReason) -> Result<()> {
         let mut devices = self.lock();
         let keys: Vec<usize> = devices.keys().copied().collect();
         for d in keys {
@@ -802,4 +821,76 @@ impl ExecutionPolicy for DeferAndFuse {
         }
         Ok(())
     }
+
+    fn flush(&self, reason: CutReason) -> Result<()> {
+        self.start(reason)?;
+        launch_queue::global().pump(Until::Empty);
+        Ok(())
+    }
+}
+
+/// `t` (pending as `token`) as an external of `graph` if its launch waits
+/// in the queue and will leave a buffer of its own shape.
+fn queued(graph: &mut Graph, t: &Tensor, token: u64) -> Option<Src> {
+    let stored = launch_queue::global().stored_shape(token)?;
+    (&stored == t.shape()).then(|| Src::External(graph.queued_external(t, token)))
+}
+
+/// The buffers of `externals`, waiting for queued ones.
+fn ready(externals: Vec<External>) -> Result<Vec<Arc<Buffer>>> {
+    externals.iter().map(External::buffer).collect()
+}
+
+/// Queues the launch of `graph`'s cut behind its compile and the launches
+/// of the queued values it reads; its outputs stay pending until then.
+fn enqueue(
+    graph: Graph,
+    plan: Plan,
+    needed: Vec<bool>,
+    device: usize,
+    site: CallSite,
+    program: Arc<Compiling>,
+) {
+    let outputs = plan
+        .results
+        .iter()
+        .map(|&(n, o)| {
+            let out = &graph.nodes[n].outputs[o];
+            launch_queue::Output {
+                token: out.token,
+                tensor: out.tensor.clone(),
+                stored: out.ty.shape.clone(),
+            }
+        })
+        .collect();
+    let inputs: Vec<Tensor> = graph
+        .externals
+        .iter()
+        .filter_map(|e| match e {
+            External::Queued { tensor, .. } => Some(tensor.clone()),
+            External::Ready(_) => None,
+        })
+        .collect();
+    let launch: GraphLaunch = Box::new(move |program, queued| {
+        let program = program.map_err(|e| blame(&graph, &needed, device, e))?;
+        let mut queued = queued.into_iter();
+        let externals = graph
+            .externals
+            .into_iter()
+            .map(|e| match e {
+                External::Ready(b) => Some(b),
+                External::Queued { .. } => queued.next(),
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::Signature("a queued graph lost an input".into()))?;
+        let mut params = Parameters::new(externals, &plan)?;
+        program.execute(params.args())
+    });
+    launch_queue::global().push(Launch {
+        op: "fused",
+        location: site,
+        work: Work::Graph { program, launch },
+        inputs,
+        outputs,
+    });
 }
