@@ -278,6 +278,8 @@ fn release_storage(address: usize) {
 }
 
 fn device_memory(device: i8) -> ffi::MemoryCounters {
+    // Counted as CUDA counts: every call made so far has its outputs.
+    tpu_eager::launch_queued();
     let m = tpu_core::memory::device_memory(device.max(0) as usize);
     ffi::MemoryCounters {
         bytes: m.bytes,

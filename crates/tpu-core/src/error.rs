@@ -284,7 +284,11 @@ impl Error {
     pub fn is_out_of_memory(&self) -> bool {
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(e) = next {
-            match e.downcast_ref::<Error>() {
+            // A wrapped error (`OpFailed`'s) is its source as a box.
+            let core = e
+                .downcast_ref::<Error>()
+                .or_else(|| e.downcast_ref::<Box<Error>>().map(|b| &**b));
+            match core {
                 Some(Error::Pjrt { code, .. }) if *code == ErrorCode::ResourceExhausted => {
                     return true;
                 }
@@ -356,5 +360,35 @@ impl ErrorCode {
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_running_out_is_found_inside_the_op_that_failed() {
+        let exhausted = Error::Pjrt {
+            call: "PJRT_LoadedExecutable_Execute",
+            plugin: "plugin.so".into(),
+            code: ErrorCode::ResourceExhausted,
+            message: "Out of memory".into(),
+        };
+        assert!(exhausted.is_out_of_memory());
+        let wrapped = Error::OpFailed {
+            op: "add".into(),
+            location: "here".into(),
+            inputs: "f32[2]".into(),
+            source: Box::new(exhausted),
+        };
+        assert!(wrapped.is_out_of_memory());
+        let other = Error::OpFailed {
+            op: "add".into(),
+            location: "here".into(),
+            inputs: "f32[2]".into(),
+            source: Box::new(Error::Signature("no".into())),
+        };
+        assert!(!other.is_out_of_memory());
     }
 }

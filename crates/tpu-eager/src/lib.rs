@@ -51,6 +51,13 @@ pub(crate) fn next_token() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Launches every call still queued behind a compile, waiting for those
+/// compiles: afterwards the device holds every value issued so far (as a
+/// CUDA allocator has allocated every output of the calls made so far).
+pub fn launch_queued() {
+    launch_queue::global().pump(launch_queue::Until::Empty);
+}
+
 /// References this crate (and the op kernels) so their records are linked.
 #[inline(never)]
 pub fn link() {

@@ -352,6 +352,50 @@ fn strict_queues_calls_while_their_programs_compile_and_reads_wait_for_them() {
 }
 
 #[test]
+fn defer_and_fuse_records_the_next_graph_while_the_previous_one_compiles() {
+    let n = fresh_width();
+    // Forty ops: a program that takes a while to build.
+    let layer = |x: &Tensor| {
+        let mut y = x.clone();
+        for name in ["tanh", "sin", "cos", "sigmoid"].iter().cycle().take(20) {
+            let z = op(name, &[&y]);
+            y = op("add", &[&z, &y]);
+        }
+        y
+    };
+    let mut cpu = ramp(&[2, n], 0.01, Device::Cpu);
+    let mut expected = Vec::new();
+    for _ in 0..3 {
+        cpu = layer(&cpu);
+        expected.push(values(&cpu));
+    }
+    let x = ramp(&[2, n], 0.01, Device::Tpu(0));
+    let (got, recorded_behind) = with_eager_mode(EagerMode::DeferAndFuse, || {
+        let policy = tpu_core::policy::current_policy().unwrap();
+        let mut outs = Vec::new();
+        let mut recorded_behind = 0;
+        let mut y = x.clone();
+        for _ in 0..3 {
+            y = layer(&y);
+            // Recorded on the previous graph's output while that graph's
+            // program was still compiling.
+            recorded_behind += usize::from(outs.last().is_some_and(Tensor::is_pending));
+            policy.start(CutReason::Sync).unwrap();
+            outs.push(y.clone());
+        }
+        (outs.iter().map(values).collect::<Vec<_>>(), recorded_behind)
+    })
+    .unwrap();
+    assert!(
+        recorded_behind > 0,
+        "every graph waited for the one before it to compile"
+    );
+    for (g, e) in got.iter().zip(&expected) {
+        assert_close(g, e, 1e-5);
+    }
+}
+
+#[test]
 fn a_queued_program_that_fails_to_compile_raises_at_the_read_naming_the_op() {
     let x = ramp(&[3, fresh_width()], 0.1, Device::Tpu(0));
     with_eager_mode(EagerMode::Strict, || {

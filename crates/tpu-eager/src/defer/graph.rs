@@ -29,11 +29,20 @@ impl External {
         }
     }
 
-    /// The buffer, once every launch before the graph's has run.
+    /// The buffer, waiting for a queued value's launch (from the queue
+    /// itself: the caller may hold the policy's lock).
     pub fn buffer(&self) -> Result<Arc<Buffer>> {
         match self {
             External::Ready(b) => Ok(b.clone()),
-            External::Queued { tensor, .. } => tensor.elements(),
+            External::Queued { tensor, token } => {
+                crate::launch_queue::global().materialize(*token)?;
+                match tensor.value() {
+                    TensorValue::Device(b) => Ok(b),
+                    _ => Err(Error::Signature(
+                        "a queued value left no buffer of its shape".into(),
+                    )),
+                }
+            }
         }
     }
 }
