@@ -92,6 +92,8 @@ def child(case, device, mode):
         for _ in range(STEPS):
             start = time.perf_counter()
             step().item()
+            if device == "tpu":
+                torch.tpu.synchronize()  # until the step's work is done
             times.append(time.perf_counter() - start)
     metrics = torch.tpu.metrics()
     print(json.dumps({"times": times, "compiles": metrics["compiles"], "compile_seconds": metrics["compile_seconds"]}))

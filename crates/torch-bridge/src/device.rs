@@ -148,6 +148,13 @@ pub fn synchronize(py: Python<'_>) -> PyResult<()> {
     Ok(py.detach(|| crate::profile::from_python(kernels::synchronize))?)
 }
 
+/// Launches every call still waiting for its program to compile (the
+/// interpreter's exit runs this, so no compile outlives it).
+#[pyfunction]
+pub fn launch_queued(py: Python<'_>) {
+    py.detach(tpu_eager::launch_queued);
+}
+
 /// Starts everything pending on the device, without waiting for it (the
 /// compiles it needs let other Python threads run).
 #[pyfunction]

@@ -248,7 +248,11 @@ fn is_resource_exhausted(err: &Error) -> bool {
     };
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(core);
     while let Some(e) = next {
-        if let Some(tpu_core::Error::Pjrt { code, .. }) = e.downcast_ref::<tpu_core::Error>()
+        // An op's failure holds its cause in a box.
+        let core = e
+            .downcast_ref::<tpu_core::Error>()
+            .or_else(|| e.downcast_ref::<Box<tpu_core::Error>>().map(|b| &**b));
+        if let Some(tpu_core::Error::Pjrt { code, .. }) = core
             && *code == tpu_core::ErrorCode::ResourceExhausted
         {
             return true;

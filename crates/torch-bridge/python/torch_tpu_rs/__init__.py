@@ -59,6 +59,9 @@ __all__ = [
 register()
 # A trace TPU_RS_PROFILE started is completed when the interpreter exits.
 atexit.register(_C.profile_stop)
+# Calls still waiting for their compiles launch first (exit handlers run
+# last registered first): no compile thread is inside the plugin at exit.
+atexit.register(_C.launch_queued)
 
 
 def metrics():
