@@ -24,6 +24,8 @@ fn a_strict_step_over_many_parameters_is_one_program() -> Result<()> {
                     let w = p.get();
                     (&w * &w)?.sum_all()?.backward()?;
                 }
+                // Backward's calls may still wait on their compiles.
+                tpu_core::policy::sync()?;
                 let before = tpu_core::metrics::metrics().executions;
                 opt.step()?;
                 let ran = tpu_core::metrics::metrics().executions - before;
