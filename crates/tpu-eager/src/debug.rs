@@ -10,7 +10,7 @@ use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::settings::{self, Lookup};
 use tpu_core::{Error, Result, Tensor};
 
-use crate::Strict;
+use crate::{Strict, describe, op_failed};
 
 /// Which extra checks Debug runs after each op.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,14 +43,6 @@ impl DebugChecks {
 pub struct Debug {
     strict: Strict,
     checks: DebugChecks,
-}
-
-fn describe(call: &OpCall<'_>) -> String {
-    call.inputs
-        .iter()
-        .map(|t| t.ty().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl Debug {
@@ -119,12 +111,11 @@ impl ExecutionPolicy for Debug {
     }
 
     fn dispatch(&self, call: OpCall<'_>) -> Result<Vec<Tensor>> {
-        tracing::debug!(op = call.op.name, inputs = %describe(&call), at = %call.location, "dispatch");
-        let fail = |source: Error| Error::OpFailed {
-            op: call.op.name.to_string(),
-            location: call.location.to_string(),
-            inputs: describe(&call),
-            source: Box::new(source),
+        tracing::debug!(op = call.op.name, inputs = %describe(call.inputs), at = %call.location, "dispatch");
+        // Strict names the op in the errors of its compile and launch.
+        let fail = |source: Error| match source {
+            named @ Error::OpFailed { .. } => named,
+            source => op_failed(call.op.name, call.location, call.inputs, source),
         };
         let outputs = self.strict.run(&call).map_err(fail)?;
         for out in &outputs {

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tpu_core::compile_pool::Compiling;
 use tpu_core::profile::CallSite;
+
+use crate::op_failed;
 use tpu_core::{Buffer, Error, Executable, Result, Shape, Tensor, TensorValue, WeakTensor};
 
 /// What a queued launch does once it is first in line.
@@ -169,11 +171,17 @@ impl LaunchQueue {
     /// launch that failed to.
     pub fn materialize(&self, token: u64) -> Result<()> {
         self.pump(Until::Token(token));
-        let state = self.lock();
-        match state.failed.iter().find(|(t, _, _)| *t == token) {
-            Some((_, _, error)) => Err(error.clone()),
-            None => Ok(()),
-        }
+        self.lock().failure(token).map_or(Ok(()), Err)
+    }
+}
+
+impl State {
+    /// The error of the failed launch that was to compute `token`.
+    fn failure(&self, token: u64) -> Option<Error> {
+        self.failed
+            .iter()
+            .find(|(t, _, _)| *t == token)
+            .map(|(_, _, e)| e.clone())
     }
 }
 
@@ -244,28 +252,9 @@ fn on_device(buffers: Vec<Buffer>) -> Vec<TensorValue> {
 fn elements(state: &State, x: &Tensor) -> Result<Arc<Buffer>> {
     match x.value() {
         TensorValue::Device(b) | TensorValue::Reshaped(b) => Ok(b),
-        TensorValue::Pending(p) => Err(state
-            .failed
-            .iter()
-            .find(|(t, _, _)| *t == p.token)
-            .map(|(_, _, e)| e.clone())
-            .unwrap_or_else(|| {
-                Error::Signature("a queued launch's input was never computed".into())
-            })),
+        TensorValue::Pending(p) => Err(state.failure(p.token).unwrap_or_else(|| {
+            Error::Signature("a queued launch's input was never computed".into())
+        })),
         TensorValue::Host(_) => x.elements(),
-    }
-}
-
-/// The error of call `op` at `location` on `inputs` failing with `source`.
-pub(crate) fn op_failed(op: &str, location: CallSite, inputs: &[Tensor], source: Error) -> Error {
-    Error::OpFailed {
-        op: op.to_string(),
-        location: location.to_string(),
-        inputs: inputs
-            .iter()
-            .map(|x| x.ty().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        source: Box::new(source),
     }
 }

@@ -24,6 +24,8 @@ pub use debug::{Debug, DebugChecks};
 pub use defer::{DeferAndFuse, DeferConfig};
 pub use strict::Strict;
 use tpu_core::policy::{ExecutionPolicy, PolicyFactory};
+use tpu_core::profile::CallSite;
+use tpu_core::{Error, Tensor};
 
 inventory::submit! {
     PolicyFactory {
@@ -49,6 +51,25 @@ inventory::submit! {
 pub(crate) fn next_token() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The input types of a call, as errors and traces name them.
+pub(crate) fn describe(inputs: &[Tensor]) -> String {
+    inputs
+        .iter()
+        .map(|x| x.ty().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The error of call `op` at `location` on `inputs` failing with `source`.
+pub(crate) fn op_failed(op: &str, location: CallSite, inputs: &[Tensor], source: Error) -> Error {
+    Error::OpFailed {
+        op: op.to_string(),
+        location: location.to_string(),
+        inputs: describe(inputs),
+        source: Box::new(source),
+    }
 }
 
 /// Launches every call still queued behind a compile, waiting for those

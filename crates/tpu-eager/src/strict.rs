@@ -22,8 +22,9 @@ use tpu_core::recompile::{self, OpSignature};
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Shape, Tensor, TensorValue};
 
-use crate::launch_queue::{self, Launch, LaunchQueue, Output, Until, Work, op_failed};
+use crate::launch_queue::{self, Launch, Output, Until, Work};
 use crate::lru::{KEPT, Lru};
+use crate::op_failed;
 
 /// The op whose output is its input's elements under a new shape.
 const RESHAPE: &str = "reshape";
@@ -59,15 +60,9 @@ pub struct Strict {
     /// Executables by a hash of the call's key; entries are compared in
     /// full. The least recently used go once [`KEPT`] hashes are held.
     executables: Mutex<Lru<u64, Vec<Entry>>>,
-    /// Set when this instance compiles ahead.
-    ahead: Option<Ahead>,
-}
-
-/// What compiling ahead needs: the instance itself (pending outputs name
-/// it) and its queue of launches.
-struct Ahead {
-    me: Weak<Strict>,
-    queue: Arc<LaunchQueue>,
+    /// Set when this instance compiles ahead: itself, which the pending
+    /// outputs of its queued calls name.
+    ahead: Option<Weak<Strict>>,
 }
 
 impl Default for Strict {
@@ -106,10 +101,7 @@ impl Strict {
             return Ok(Arc::new(Strict::new()));
         }
         Ok(Arc::new_cyclic(|me| Strict {
-            ahead: Some(Ahead {
-                me: me.clone(),
-                queue: launch_queue::global().clone(),
-            }),
+            ahead: Some(me.clone()),
             ..Strict::default()
         }))
     }
@@ -169,19 +161,25 @@ impl Strict {
     /// Launches `call` (or queues it behind its program's compile or its
     /// inputs' launches); outputs are enqueued, not waited for.
     pub(crate) fn run(&self, call: &OpCall<'_>) -> Result<Vec<Tensor>> {
-        if let Some(ahead) = &self.ahead
-            && call.inputs.iter().any(|x| self.queued(x).is_some())
+        let queued: Vec<Option<Shape>> = match self.ahead {
+            Some(_) => call.inputs.iter().map(queued_shape).collect(),
+            None => Vec::new(),
+        };
+        if let Some(me) = &self.ahead
+            && queued.iter().any(Option::is_some)
         {
-            let stored: Vec<Shape> = call
-                .inputs
-                .iter()
-                .map(|x| self.stored_shape(ahead, x))
+            // The others: launched, or pending elsewhere (computed now), or
+            // failed (raising that error).
+            let stored: Vec<Shape> = queued
+                .into_iter()
+                .zip(call.inputs)
+                .map(|(shape, x)| shape.map_or_else(|| Ok(x.elements()?.shape().clone()), Ok))
                 .collect::<Result<_>>()?;
             let work = match (call.op.name, stored.as_slice()) {
                 (RESHAPE, [_]) => Work::Reshape,
                 _ => Work::Program(self.executable(call, &stored)?),
             };
-            return self.enqueue(ahead, call, work, &stored);
+            return self.enqueue(me, call, work, &stored);
         }
         let buffers: Vec<Arc<Buffer>> = call
             .inputs
@@ -197,8 +195,8 @@ impl Strict {
         let executable = self.executable(call, &stored)?;
         let program = match (executable.try_get(), &self.ahead) {
             (Some(program), _) => program,
-            (None, Some(ahead)) => {
-                return self.enqueue(ahead, call, Work::Program(executable), &stored);
+            (None, Some(me)) => {
+                return self.enqueue(me, call, Work::Program(executable), &stored);
             }
             (None, None) => executable.wait(),
         };
@@ -209,41 +207,18 @@ impl Strict {
         Ok(outputs.into_iter().map(Tensor::from_buffer).collect())
     }
 
-    /// The token of `x`'s value if its launch waits in the queue.
-    fn queued(&self, x: &Tensor) -> Option<u64> {
-        let ahead = self.ahead.as_ref()?;
-        match x.value() {
-            TensorValue::Pending(p) if ahead.queue.stored_shape(p.token).is_some() => Some(p.token),
-            _ => None,
-        }
-    }
-
-    /// The shape of the buffer holding (or that will hold) `x`'s elements;
-    /// a value pending elsewhere is computed first.
-    fn stored_shape(&self, ahead: &Ahead, x: &Tensor) -> Result<Shape> {
-        if let Some(token) = self.queued(x)
-            && let Some(shape) = ahead.queue.stored_shape(token)
-        {
-            return Ok(shape);
-        }
-        // Launched meanwhile, or pending elsewhere (computed now), or
-        // failed (raising that error).
-        Ok(x.elements()?.shape().clone())
-    }
-
     /// Queues `call` to run `work` on inputs stored in `stored` shapes, and
     /// returns its pending outputs.
     fn enqueue(
         &self,
-        ahead: &Ahead,
+        me: &Weak<Strict>,
         call: &OpCall<'_>,
         work: Work,
         stored: &[Shape],
     ) -> Result<Vec<Tensor>> {
-        let me: Arc<dyn tpu_core::policy::ExecutionPolicy> =
-            ahead.me.upgrade().ok_or_else(|| {
-                Error::Signature("a Strict policy queued a call while dropped".into())
-            })?;
+        let me: Arc<dyn tpu_core::policy::ExecutionPolicy> = me.upgrade().ok_or_else(|| {
+            Error::Signature("a Strict policy queued a call while dropped".into())
+        })?;
         let mut tensors = Vec::with_capacity(call.outputs.len());
         let mut outputs = Vec::with_capacity(call.outputs.len());
         for ty in &call.outputs {
@@ -264,7 +239,7 @@ impl Strict {
             });
             tensors.push(tensor);
         }
-        ahead.queue.push(Launch {
+        launch_queue::global().push(Launch {
             op: call.op.name,
             location: call.location,
             work,
@@ -272,6 +247,15 @@ impl Strict {
             outputs,
         });
         Ok(tensors)
+    }
+}
+
+/// The shape of the buffer that will hold `x`'s elements, if its launch
+/// waits in the queue.
+fn queued_shape(x: &Tensor) -> Option<Shape> {
+    match x.value() {
+        TensorValue::Pending(p) => launch_queue::global().stored_shape(p.token),
+        _ => None,
     }
 }
 
@@ -286,14 +270,14 @@ impl ExecutionPolicy for Strict {
 
     fn materialize(&self, tensor: &Tensor) -> Result<()> {
         match (&self.ahead, tensor.value()) {
-            (Some(ahead), TensorValue::Pending(p)) => ahead.queue.materialize(p.token),
+            (Some(_), TensorValue::Pending(p)) => launch_queue::global().materialize(p.token),
             _ => Ok(()),
         }
     }
 
     fn flush(&self, _reason: CutReason) -> Result<()> {
-        if let Some(ahead) = &self.ahead {
-            ahead.queue.pump(Until::Empty);
+        if self.ahead.is_some() {
+            launch_queue::global().pump(Until::Empty);
         }
         Ok(())
     }

@@ -22,6 +22,16 @@ pub(crate) enum External {
 }
 
 impl External {
+    /// Whether both are the same value: one buffer, or one queued launch's
+    /// output.
+    fn same(&self, other: &External) -> bool {
+        match (self, other) {
+            (External::Ready(a), External::Ready(b)) => Arc::ptr_eq(a, b),
+            (External::Queued { token: a, .. }, External::Queued { token: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+
     fn ty(&self) -> TensorType {
         match self {
             External::Ready(b) => TensorType::new(b.dtype(), b.shape().clone()),
@@ -185,38 +195,11 @@ impl Graph {
         self.fingerprints.reserve(n);
     }
 
-    /// The index of `buffer` among the externals, adding it if new.
-    pub fn external(&mut self, buffer: Arc<Buffer>) -> usize {
-        let known = self
-            .externals
-            .iter()
-            .position(|e| matches!(e, External::Ready(b) if Arc::ptr_eq(b, &buffer)));
-        known.unwrap_or_else(|| {
-            self.externals.push(External::Ready(buffer));
-            self.externals.len() - 1
-        })
-    }
-
     /// The index of `external` among the externals, adding it if new.
-    pub fn add_external(&mut self, external: &External) -> usize {
-        match external {
-            External::Ready(b) => self.external(b.clone()),
-            External::Queued { tensor, token } => self.queued_external(tensor, *token),
-        }
-    }
-
-    /// The index of queued value `tensor` (pending as `token`) among the
-    /// externals, adding it if new.
-    pub fn queued_external(&mut self, tensor: &Tensor, token: u64) -> usize {
-        let known = self
-            .externals
-            .iter()
-            .position(|e| matches!(e, External::Queued { token: t, .. } if *t == token));
+    pub fn external(&mut self, external: External) -> usize {
+        let known = self.externals.iter().position(|e| e.same(&external));
         known.unwrap_or_else(|| {
-            self.externals.push(External::Queued {
-                tensor: tensor.clone(),
-                token,
-            });
+            self.externals.push(external);
             self.externals.len() - 1
         })
     }

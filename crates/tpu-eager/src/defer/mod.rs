@@ -189,7 +189,9 @@ impl DeferAndFuse {
                         None => foreign.push(t.clone()),
                     },
                 },
-                TensorValue::Device(b) => srcs.push(Src::External(graph.external(b))),
+                TensorValue::Device(b) => {
+                    srcs.push(Src::External(graph.external(External::Ready(b))))
+                }
                 // A reshape Strict made without a program, or a host value:
                 // given a buffer of its own shape first.
                 TensorValue::Reshaped(_) | TensorValue::Host(_) => foreign.push(t.clone()),
@@ -344,7 +346,7 @@ impl DeferAndFuse {
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for &src in &node.inputs {
                 let resolved = match src {
-                    Src::External(i) => Src::External(state.graph.add_external(&externals[i])),
+                    Src::External(i) => Src::External(state.graph.external(externals[i].clone())),
                     Src::Node(m, o) => {
                         let bridge = bridges.get(&(m, o)).ok_or_else(|| {
                             Error::Signature("a deferred op lost its input".into())
@@ -358,7 +360,9 @@ impl DeferAndFuse {
                                     })?
                                 }
                             },
-                            TensorValue::Device(b) => Src::External(state.graph.external(b)),
+                            TensorValue::Device(b) => {
+                                Src::External(state.graph.external(External::Ready(b)))
+                            }
                             TensorValue::Reshaped(_) | TensorValue::Host(_) => {
                                 return Err(Error::Signature(
                                     "a deferred input left the device graph".into(),
@@ -833,7 +837,12 @@ impl ExecutionPolicy for DeferAndFuse {
 /// in the queue and will leave a buffer of its own shape.
 fn queued(graph: &mut Graph, t: &Tensor, token: u64) -> Option<Src> {
     let stored = launch_queue::global().stored_shape(token)?;
-    (&stored == t.shape()).then(|| Src::External(graph.queued_external(t, token)))
+    (&stored == t.shape()).then(|| {
+        Src::External(graph.external(External::Queued {
+            tensor: t.clone(),
+            token,
+        }))
+    })
 }
 
 /// The buffers of `externals`, waiting for queued ones.
