@@ -354,11 +354,7 @@ impl DeferAndFuse {
                         match bridge.value() {
                             TensorValue::Pending(p) => match state.graph.tokens.get(&p.token) {
                                 Some(&(k, q)) => Src::Node(k, q),
-                                None => {
-                                    queued(&mut state.graph, bridge, p.token).ok_or_else(|| {
-                                        Error::Signature("a deferred input left its graph".into())
-                                    })?
-                                }
+                                None => cut_before(&mut state.graph, bridge, p.token)?,
                             },
                             TensorValue::Device(b) => {
                                 Src::External(state.graph.external(External::Ready(b)))
@@ -830,6 +826,21 @@ impl ExecutionPolicy for DeferAndFuse {
         self.start(reason)?;
         launch_queue::global().pump(Until::Empty);
         Ok(())
+    }
+}
+
+/// The source of `t`, the output of a node a replay has just cut: queued
+/// behind its graph's compile, or launched already (possibly between
+/// reading its value and looking in the queue).
+fn cut_before(graph: &mut Graph, t: &Tensor, token: u64) -> Result<Src> {
+    if let Some(src) = queued(graph, t, token) {
+        return Ok(src);
+    }
+    // Raises the error of a failed launch.
+    launch_queue::global().materialize(token)?;
+    match t.value() {
+        TensorValue::Device(b) => Ok(Src::External(graph.external(External::Ready(b)))),
+        _ => Err(Error::Signature("a deferred input left its graph".into())),
     }
 }
 
