@@ -6,7 +6,7 @@
 //! that waits for it. Values are immutable, so a ready call that skips the
 //! queue cannot see a stale input.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tpu_core::compile_pool::Compiling;
@@ -23,11 +23,23 @@ pub(crate) enum Work {
     Reshape,
     /// Runs a fused graph: `launch` gets the compile's outcome and the
     /// buffers of the launch's inputs, and returns the outputs' buffers
-    /// (or the error, blamed on one of its ops).
+    /// (or the error, blamed on one of its ops). It holds one reference to
+    /// each buffer in `holds` until it runs.
     Graph {
         program: Arc<Compiling>,
         launch: GraphLaunch,
+        holds: Vec<BufferKey>,
     },
+}
+
+/// Identifies a buffer while a reference to it is held.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct BufferKey(usize);
+
+impl BufferKey {
+    pub fn of(buffer: &Arc<Buffer>) -> BufferKey {
+        BufferKey(Arc::as_ptr(buffer) as usize)
+    }
 }
 
 /// See [`Work::Graph`].
@@ -35,6 +47,13 @@ pub(crate) type GraphLaunch =
     Box<dyn FnOnce(Result<Arc<Executable>>, Vec<Arc<Buffer>>) -> Result<Vec<Buffer>> + Send>;
 
 impl Work {
+    fn holds(&self) -> &[BufferKey] {
+        match self {
+            Work::Graph { holds, .. } => holds,
+            Work::Program(_) | Work::Reshape => &[],
+        }
+    }
+
     fn program(&self) -> Option<&Arc<Compiling>> {
         match self {
             Work::Program(program) | Work::Graph { program, .. } => Some(program),
@@ -80,6 +99,8 @@ struct State {
     /// Outputs of launches that failed, with the error a read of them
     /// raises.
     failed: Vec<(u64, WeakTensor, Error)>,
+    /// How many waiting launches hold a reference to each buffer.
+    held: HashMap<BufferKey, usize>,
 }
 
 /// The queue: one per process, so a value queued by one policy can be
@@ -104,7 +125,13 @@ impl LaunchQueue {
     /// compile launches it if nothing has by then.
     pub fn push(self: &Arc<Self>, launch: Launch) {
         let program = launch.work.program().cloned();
-        self.lock().waiting.push_back(launch);
+        {
+            let mut state = self.lock();
+            for &key in launch.work.holds() {
+                *state.held.entry(key).or_default() += 1;
+            }
+            state.waiting.push_back(launch);
+        }
         match program {
             Some(program) => {
                 let queue = Arc::downgrade(self);
@@ -149,11 +176,28 @@ impl LaunchQueue {
                 None => None,
             };
             if let Some(launch) = state.waiting.pop_front() {
+                for key in launch.work.holds() {
+                    if let Some(n) = state.held.get_mut(key) {
+                        *n -= 1;
+                        if *n == 0 {
+                            state.held.remove(key);
+                        }
+                    }
+                }
                 // Launched under the lock: the queue's order is the order
                 // programs reach the device.
                 run(&mut state, launch, program);
             }
         }
+    }
+
+    /// How many references to `buffer` waiting launches hold.
+    pub fn holders(&self, buffer: &Arc<Buffer>) -> usize {
+        self.lock()
+            .held
+            .get(&BufferKey::of(buffer))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The shape of the buffer that will hold the elements of the pending

@@ -270,6 +270,57 @@ fn an_mlp_training_step_compiles_on_step_one_only() {
     });
 }
 
+#[test]
+fn first_steps_queued_behind_compiles_build_the_programs_later_steps_reuse() {
+    let _serial = serial();
+    let width = 1000 + (std::process::id() as usize % 50_000);
+    // A slow program to build (forty ops), reading the parameter.
+    let gradient = |p: &Tensor| {
+        let mut y = p.clone();
+        for name in ["tanh", "sin", "cos", "sigmoid"].iter().cycle().take(20) {
+            y = op("add", &[&op(name, &[&y]), &y]);
+        }
+        y
+    };
+    let start = ramp(&[2, width], 0.01, Device::Cpu);
+    let mut expected = start.clone();
+    for _ in 0..4 {
+        expected = op("sub", &[&expected, &gradient(&expected)]);
+    }
+    with_policy(DeferAndFuse::new(DeferConfig::default()), || {
+        let policy = tpu_core::policy::current_policy().unwrap();
+        let built = || {
+            let m = metrics();
+            m.compiles + m.disk_hits
+        };
+        let mut p = ramp(&[2, width], 0.01, Device::Tpu(0));
+        let mut step = || {
+            let g = gradient(&p);
+            policy.start(CutReason::Backward).unwrap();
+            // The update reads the parameter the gradient's graph, queued
+            // behind its compile, still reads: the steps after this one
+            // donate it, and so must this one, or it builds a program of
+            // its own.
+            p = op("sub", &[&p, &g]);
+            policy.start(CutReason::Sync).unwrap();
+        };
+        let before = built();
+        for _ in 0..3 {
+            step();
+        }
+        sync().unwrap();
+        let first_steps = built() - before;
+        step();
+        sync().unwrap();
+        assert_eq!(
+            built() - before,
+            first_steps,
+            "a step that waited on no compile built another program"
+        );
+        assert_close(&values(&p), &values(&expected), 1e-4);
+    });
+}
+
 /// Runs in a child process (see the next test): MLP training steps through
 /// the runtime's cache, then reports the counters.
 #[test]

@@ -109,7 +109,7 @@ fn joint_plan(graphs: &[&Graph], srcs: &[Src]) -> Option<(Plan, Vec<bool>)> {
     }
     let mut plans = graphs.iter().map(|g| {
         let (results, needed) = g.live(Some(srcs[0]));
-        let mut p = plan(g, results, &needed);
+        let mut p = plan(g, results, &needed, false);
         if let Src::External(i) = srcs[0]
             && !p.params.contains(&i)
         {

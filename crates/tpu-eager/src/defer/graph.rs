@@ -12,6 +12,8 @@ use tpu_core::profile::CallSite;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 use tpu_core::{Error, Result, Tensor, TensorValue, WeakTensor};
 
+use crate::launch_queue;
+
 /// A value that existed before the graph: a buffer, or the output of a
 /// launch still waiting in the launch queue (the graph's own launch queues
 /// behind it and reads its buffer then).
@@ -204,6 +206,15 @@ impl Graph {
         })
     }
 
+    /// Whether `plan` donates a buffer that queued launches still read:
+    /// the graph must then launch behind them.
+    pub fn donates_held(&self, plan: &Plan) -> bool {
+        let queue = launch_queue::global();
+        plan.params.iter().zip(&plan.donations).any(|(&i, d)| {
+            d.is_some() && matches!(&self.externals[i], External::Ready(b) if queue.holders(b) > 0)
+        })
+    }
+
     /// Whether some external is still waiting in the launch queue.
     pub fn reads_queued(&self) -> bool {
         self.externals
@@ -296,8 +307,17 @@ pub(crate) struct Plan {
 
 /// Plans the live part of `graph`. An external held only by this graph can
 /// never be read again, so it is donated to the first free result of its
-/// type.
-pub(crate) fn plan(graph: &Graph, results: Vec<(usize, usize)>, needed: &[bool]) -> Plan {
+/// type. With `behind_queue` the graph launches behind the launch queue
+/// (see [`Graph::donates_held`]), so buffers that queued launches also
+/// hold count as held only here: those launches read them first. The
+/// first steps, whose launches wait on compiles, then plan the same
+/// donations, and so build the same programs, as the steps after them.
+pub(crate) fn plan(
+    graph: &Graph,
+    results: Vec<(usize, usize)>,
+    needed: &[bool],
+    behind_queue: bool,
+) -> Plan {
     let mut params: Vec<usize> = Vec::new();
     for (n, node) in graph.nodes.iter().enumerate() {
         if !needed[n] {
@@ -322,7 +342,14 @@ pub(crate) fn plan(graph: &Graph, results: Vec<(usize, usize)>, needed: &[bool])
             // Held by this graph alone (a queued value too: its program is
             // the one the same graph gets once its inputs are buffers).
             let only_here = match &graph.externals[i] {
-                External::Ready(buffer) => Arc::strong_count(buffer) == 1,
+                External::Ready(buffer) => {
+                    let queued = if behind_queue {
+                        launch_queue::global().holders(buffer)
+                    } else {
+                        0
+                    };
+                    Arc::strong_count(buffer) == 1 + queued
+                }
                 External::Queued { tensor, .. } => tensor.is_unique(),
             };
             if !only_here {

@@ -42,7 +42,7 @@ use tpu_core::stablehlo::TensorType;
 use tpu_core::{Device, Error, Pending, Result, Runtime, Tensor, TensorValue, WeakTensor};
 
 use crate::Strict;
-use crate::launch_queue::{self, GraphLaunch, Launch, Until, Work};
+use crate::launch_queue::{self, BufferKey, GraphLaunch, Launch, Until, Work};
 use crate::lru::{KEPT, Lru};
 
 /// Limits on a pending graph.
@@ -424,7 +424,7 @@ impl DeferAndFuse {
         if results.is_empty() {
             return Ok(());
         }
-        let plan = plan(&graph, results, &needed);
+        let plan = plan(&graph, results, &needed, true);
         if split
             && let Some(changed) = changed_ops(state, &mut graph)
             && self
@@ -446,10 +446,12 @@ impl DeferAndFuse {
             ]
         });
         let compiling = self.executable(&graph, &plan, &needed, device, reason)?;
+        let behind_queue = graph.reads_queued() || graph.donates_held(&plan);
         let executable = match compiling.try_get() {
             Some(Err(e)) => return Err(blame(&graph, &needed, device, e)),
-            Some(Ok(executable)) if !graph.reads_queued() => executable,
-            // Compiling, or reading values still queued: queued behind them.
+            Some(Ok(executable)) if !behind_queue => executable,
+            // Compiling, or reading (or donating) values queued launches
+            // need: queued behind them.
             _ => {
                 enqueue(graph, plan, needed, device, site, compiling);
                 return Ok(());
@@ -891,6 +893,14 @@ fn enqueue(
             External::Ready(_) => None,
         })
         .collect();
+    let holds = graph
+        .externals
+        .iter()
+        .filter_map(|e| match e {
+            External::Ready(b) => Some(BufferKey::of(b)),
+            External::Queued { .. } => None,
+        })
+        .collect();
     let launch: GraphLaunch = Box::new(move |program, queued| {
         let program = program.map_err(|e| blame(&graph, &needed, device, e))?;
         let mut queued = queued.into_iter();
@@ -909,7 +919,11 @@ fn enqueue(
     launch_queue::global().push(Launch {
         op: "fused",
         location: site,
-        work: Work::Graph { program, launch },
+        work: Work::Graph {
+            program,
+            launch,
+            holds,
+        },
         inputs,
         outputs,
     });
