@@ -42,6 +42,8 @@ import torch
 import torch_tpu_rs
 import transformers
 
+import gpt2_training
+
 transformers.logging.set_verbosity_error()
 
 
@@ -106,26 +108,7 @@ def compiled_graph(repeats):
 
 
 def gpt2_step(steps):
-    config = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=1024, n_positions=128)
-    torch.manual_seed(0)
-    base = transformers.GPT2LMHeadModel(config)
-    base.train()
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    batch = torch.randint(0, config.vocab_size, (8, 128))
-
-    def runner(device):
-        model = copy.deepcopy(base).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        ids = batch.to(device)
-
-        def step():
-            opt.zero_grad()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step
+    runner = gpt2_training.runner()
 
     def measure(device, mode=None):
         step = runner(device)
@@ -155,12 +138,11 @@ def gpt2_step(steps):
             programs = torch.tpu.metrics()["executions"] - before
         return t, (programs, first, settled, traced - start, done - traced)
 
-    tokens = batch.numel()
+    tokens = gpt2_training.BATCH * gpt2_training.SEQ
     cpu, _ = measure("cpu")
     strict, strict_info = measure("tpu", torch.tpu.EagerMode.STRICT)
     fused, fused_info = measure("tpu", torch.tpu.EagerMode.DEFER_AND_FUSE)
-    print(f"\nGPT-2 training step ({config.n_layer} layers, d={config.n_embd}, vocab {config.vocab_size}, "
-          f"batch {tuple(batch.shape)}, AdamW; median of 5 x {steps} steps)")
+    print(f"\nGPT-2 training step ({gpt2_training.describe()}; median of 5 x {steps} steps)")
     print(f"{'':<22}{'ms/step':>10}{'tokens/s':>11}{'speed vs cpu':>14}{'programs':>10}"
           f"{'trace ms':>10}{'execute ms':>12}{'first step s':>14}{'3 steps s':>11}")
     print(f"{'cpu eager (torch)':<22}{cpu * 1e3:>10.1f}{tokens / cpu:>11.0f}{1.0:>14.2f}")

@@ -2,8 +2,8 @@
 cache (a fresh ``TPU_RS_CACHE_DIR``) and again with the cache that run
 filled, against PyTorch CPU eager's first steps, each in a fresh process.
 
-Cases: a Hugging Face GPT-2 training step (4 layers, d=256, vocab 1024,
-batch 8 x 128, AdamW) under Strict and DeferAndFuse, and a ``timm``
+Cases: the Hugging Face GPT-2 training step ``bench.py`` times
+(``gpt2_training.py``) under Strict and DeferAndFuse, and a ``timm``
 DenseNet-121 (121 layers with batch norm) forward and backward on 2 images
 of 64 x 64 under Strict. Printed per case: programs compiled, compile
 seconds (summed over the compile threads, which run at once), the first
@@ -26,32 +26,9 @@ STEPS = 3
 
 
 def gpt2():
-    import transformers
+    import gpt2_training
 
-    transformers.logging.set_verbosity_error()
-    config = transformers.GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=1024, n_positions=128)
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    import torch
-
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
-    batch = torch.randint(0, config.vocab_size, (8, 128))
-
-    def on(device):
-        m = copy.deepcopy(model).to(device)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-        ids = batch.to(device)
-
-        def step():
-            opt.zero_grad()
-            loss = m(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step
-
-    return on
+    return gpt2_training.runner()
 
 
 def densenet():
