@@ -12,7 +12,7 @@ mod parsers;
 pub mod runner;
 
 pub use op_call::op_call;
-pub use parsers::{cache_entry, checkpoint, settings, signature, specs};
+pub use parsers::{cache_entry, checkpoint, program_record, settings, signature, specs};
 
 /// A fuzz target: bytes in, a panic if the property breaks.
 pub type Target = fn(&[u8]);
@@ -22,6 +22,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("signature", signature),
     ("checkpoint", checkpoint),
     ("cache_entry", cache_entry),
+    ("program_record", program_record),
     ("specs", specs),
     ("settings", settings),
     ("op_call", op_call),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use arbitrary::Unstructured;
 use tpu_core::policy::EagerMode;
+use tpu_core::program_record::{self, RecordedProgram};
 use tpu_core::settings::{self, Lookup};
 use tpu_core::stablehlo::Signature;
 use tpu_core::{DType, Device, DiskCache, Error, Runtime};
@@ -46,6 +47,25 @@ pub fn cache_entry(data: &[u8]) {
     let cache = DiskCache::open(scratch_file("cache"), 1 << 20).expect("a private folder");
     cache.store(&identity, file).expect("storing an entry");
     assert_eq!(cache.load(&identity).as_deref(), Some(file));
+}
+
+/// A record of programs (`TPU_RS_RECORD_PROGRAMS`), as found in a file:
+/// its distinct programs, which read back the same once written again, or
+/// an error naming the file.
+pub fn program_record(data: &[u8]) {
+    let path = scratch_file("record");
+    std::fs::write(&path, data).expect("writing the record");
+    match program_record::read(&path) {
+        Ok(programs) => {
+            let text: String = programs.iter().map(RecordedProgram::encode).collect();
+            std::fs::write(&path, text).expect("writing the record");
+            assert_eq!(program_record::read(&path).ok(), Some(programs));
+        }
+        Err(Error::ProgramRecord { path: named, .. }) => {
+            assert_eq!(named, path.display().to_string());
+        }
+        Err(e) => panic!("not a record error: {e}"),
+    }
 }
 
 /// Device strings (`cpu`, `tpu`, `tpu:N`) and plugin specs (names, paths).

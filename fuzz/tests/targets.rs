@@ -67,6 +67,11 @@ fn cache_entry() {
 }
 
 #[test]
+fn program_record() {
+    fuzz("program_record");
+}
+
+#[test]
 fn specs() {
     fuzz("specs");
 }

@@ -155,6 +155,28 @@ pub fn launch_queued(py: Python<'_>) {
     py.detach(tpu_eager::launch_queued);
 }
 
+/// Compiles the programs recorded in `record` (by a run with
+/// `TPU_RS_RECORD_PROGRAMS`) into the compile cache, `threads` at a time
+/// (0: one per core): programs, compiled, already cached, the errors of
+/// those that failed, seconds.
+#[pyfunction]
+pub fn warm_cache(
+    py: Python<'_>,
+    record: std::path::PathBuf,
+    threads: usize,
+) -> PyResult<(usize, u64, u64, Vec<String>, f64)> {
+    let report = py
+        .detach(|| tpu_core::program_record::warm(&record, threads))
+        .map_err(crate::error::BridgeError::from)?;
+    Ok((
+        report.programs,
+        report.compiled,
+        report.cached,
+        report.failed,
+        report.seconds,
+    ))
+}
+
 /// Starts everything pending on the device, without waiting for it (the
 /// compiles it needs let other Python threads run).
 #[pyfunction]

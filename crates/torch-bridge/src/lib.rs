@@ -118,6 +118,7 @@ fn c_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(device::flush, m)?)?;
     m.add_function(wrap_pyfunction!(device::launch_queued, m)?)?;
+    m.add_function(wrap_pyfunction!(device::warm_cache, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_start, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_stop, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_recording, m)?)?;

@@ -1,6 +1,7 @@
 """torch.tpu: device queries, eager modes (scopes and the TorchTPU
 environment variables), metrics, memory, autocast and torch.compile."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -89,6 +90,48 @@ def test_backend_autoload_can_be_turned_off():
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+_RECORDED_RUN = """
+import json, torch
+x = torch.linspace(-1, 1, 777, device="tpu").reshape(7, 111)
+print(json.dumps([((x * 3).tanh() + x).sum().item(), torch.tpu.metrics()]))
+"""
+
+
+def test_a_recorded_run_warms_another_cache_folder(tmp_path):
+    """``TPU_RS_RECORD_PROGRAMS`` records what a run builds;
+    ``python -m torch_tpu_rs.warm`` compiles it into another folder, where
+    the same run then compiles nothing."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_TPU_")}
+    record = tmp_path / "programs.txt"
+
+    def run(folder, **env):
+        out = subprocess.run(
+            [sys.executable, "-c", _RECORDED_RUN],
+            env={**clean, "TPU_RS_CACHE_DIR": str(tmp_path / folder), **env},
+            capture_output=True, text=True, check=True, timeout=300,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    value, first = run("first", TPU_RS_RECORD_PROGRAMS=str(record))
+    assert first["compiles"] >= 2 and first["disk_cache_hits"] == 0, first
+    warm = subprocess.run(
+        [sys.executable, "-m", "torch_tpu_rs.warm", str(record), "--threads", "2"],
+        env={**clean, "TPU_RS_CACHE_DIR": str(tmp_path / "warmed")},
+        capture_output=True, text=True, timeout=300,
+    )
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    n = first["compiles"]
+    assert f"{n} programs: {n} compiled, 0 already cached, 0 failed" in warm.stdout, warm.stdout
+    again, warmed = run("warmed")
+    assert (warmed["compiles"], warmed["disk_cache_hits"]) == (0, n), warmed
+    assert again == value
+    bad = subprocess.run(
+        [sys.executable, "-m", "torch_tpu_rs.warm", str(tmp_path / "missing.txt")],
+        env=clean, capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode != 0 and "missing.txt" in bad.stderr, bad.stderr[-2000:]
 
 
 def _step(x, w):

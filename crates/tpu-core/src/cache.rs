@@ -4,6 +4,7 @@
 //! compiling.
 
 mod disk;
+pub mod record;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,6 +17,7 @@ use crate::pjrt::{Client, CompileOptions, Executable};
 use crate::profile;
 
 pub use disk::DiskCache;
+use record::Recorder;
 
 /// What identifies a compiled program: the program text (which carries its
 /// input types), the options (replicas, partitions, placement), and the
@@ -58,6 +60,7 @@ pub struct CacheStats {
 pub struct CompileCache {
     capacity: usize,
     disk: Option<DiskCache>,
+    recorder: Option<Recorder>,
     entries: Mutex<Entries>,
     compiles: AtomicU64,
     hits: AtomicU64,
@@ -72,6 +75,7 @@ impl CompileCache {
         CompileCache {
             capacity: capacity.max(1),
             disk: None,
+            recorder: None,
             entries: Mutex::default(),
             compiles: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -116,6 +120,9 @@ impl CompileCache {
             crate::metrics::record_cache_hit();
             span.arg("cache", "memory");
             return Ok(hit);
+        }
+        if let Some(recorder) = &self.recorder {
+            recorder.append(program, options);
         }
         if let Some(executable) = self.load_from_disk(client, &key) {
             self.disk_hits.fetch_add(1, Ordering::Relaxed);
@@ -252,11 +259,16 @@ impl CompileCache {
 
 impl CompileCache {
     /// 1024 executables in memory, plus the disk tier the environment
-    /// selects ([`DiskCache::from_env`]).
+    /// selects ([`DiskCache::from_env`]), recording the programs it builds
+    /// where `TPU_RS_RECORD_PROGRAMS` asks (see [`record`]).
     pub fn from_env() -> Result<CompileCache> {
-        Ok(match DiskCache::from_env()? {
+        let cache = match DiskCache::from_env()? {
             Some(disk) => CompileCache::with_disk(1024, disk),
             None => CompileCache::new(1024),
+        };
+        Ok(CompileCache {
+            recorder: Recorder::from_env()?,
+            ..cache
         })
     }
 }

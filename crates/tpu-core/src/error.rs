@@ -237,6 +237,15 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// A record of programs (`TPU_RS_RECORD_PROGRAMS`) could not be
+    /// written or read.
+    #[error("program record {path}: {reason}")]
+    ProgramRecord {
+        /// The record file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A StableHLO program whose entry signature we cannot read.
     #[error("cannot read the signature of @main: {0}")]
     Signature(String),

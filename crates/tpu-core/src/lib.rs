@@ -41,6 +41,7 @@ mod shape;
 pub mod stablehlo;
 mod tensor;
 
+pub use cache::record as program_record;
 pub use cache::{CacheStats, CompileCache, DiskCache};
 pub use device::{Device, ParseDeviceError};
 pub use dtype::{DType, Element};

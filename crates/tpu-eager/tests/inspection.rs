@@ -413,6 +413,61 @@ fn a_second_process_loads_executables_instead_of_compiling() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs in a child process (see the next test): warms the runtime's
+/// cache from the record `TPU_RS_WARM_CHILD` names.
+#[test]
+fn child_warms_the_cache() {
+    let Some(record) = std::env::var_os("TPU_RS_WARM_CHILD") else {
+        return;
+    };
+    let report = tpu_core::program_record::warm(std::path::Path::new(&record), 2).unwrap();
+    println!(
+        "CHILD programs={} compiled={} cached={} failed={}",
+        report.programs,
+        report.compiled,
+        report.cached,
+        report.failed.len()
+    );
+}
+
+#[test]
+fn a_recorded_run_warms_an_empty_cache_without_running_the_model() {
+    let _serial = serial();
+    if !plugin_uses_disk_cache() {
+        return; // nothing to warm: this plugin's executables stay in memory
+    }
+    let (recorded_in, warmed) = (scratch_dir("record-run"), scratch_dir("record-warm"));
+    std::fs::create_dir_all(&recorded_in).unwrap();
+    let record = recorded_in.join("programs.txt");
+    let (built, hits) = child_counts(&[
+        ("TPU_RS_CACHE_DIR", Some(recorded_in.as_path())),
+        ("TPU_RS_RECORD_PROGRAMS", Some(record.as_path())),
+    ]);
+    assert!(
+        built >= 1 && hits == 0,
+        "{built} compiles, {hits} disk hits"
+    );
+
+    let warm = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_warms_the_cache", "--nocapture"])
+        .env("TPU_RS_WARM_CHILD", &record)
+        .env("TPU_RS_CACHE_DIR", &warmed)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&warm.stdout).into_owned();
+    assert!(
+        said.contains(&format!(
+            "CHILD programs={built} compiled={built} cached=0 failed=0"
+        )),
+        "warming from the record: {said}"
+    );
+    // A run on the warmed cache compiles nothing.
+    let (compiles, hits) = child_counts(&[("TPU_RS_CACHE_DIR", Some(warmed.as_path()))]);
+    assert_eq!((compiles, hits), (0, built), "a run on the warmed cache");
+    let _ = std::fs::remove_dir_all(&recorded_in);
+    let _ = std::fs::remove_dir_all(&warmed);
+}
+
 #[test]
 fn the_disk_cache_is_on_by_default_and_an_empty_folder_turns_it_off() {
     let _serial = serial();

@@ -35,6 +35,7 @@ pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
 pub use tpu_core::pjrt::discovery;
 pub use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy_named};
 pub use tpu_core::profile;
+pub use tpu_core::program_record;
 pub use tpu_core::{
     Arg, Buffer, CacheStats, Client, ClientOptions, CompileCache, CompileOptions, DType, Device,
     DeviceDescription, Element, ErrorCode, Executable, HostBuffer, HostTensor, MemoryStats, Plugin,

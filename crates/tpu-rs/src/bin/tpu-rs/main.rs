@@ -1,5 +1,5 @@
-//! The `tpu-rs` command: install PJRT plugins, inspect devices, launch
-//! distributed jobs.
+//! The `tpu-rs` command: install PJRT plugins, inspect devices, warm the
+//! compile cache, launch distributed jobs.
 
 mod install;
 mod launch;
@@ -7,7 +7,7 @@ mod launch;
 use std::process::ExitCode;
 
 use tpu_rs::discovery::{self, KNOWN_PLUGINS};
-use tpu_rs::{Plugin, Runtime};
+use tpu_rs::{Plugin, Runtime, program_record};
 
 const USAGE: &str = "usage:
   tpu-rs plugin install NAME... [--force]   fetch pinned plugins (cpu = jax-cpu, xla-cpu, tpu)
@@ -16,6 +16,8 @@ const USAGE: &str = "usage:
   tpu-rs trace summary TRACE [--memory SVG] a trace's top ops, compiles, cuts, recompiles and
                                             transfers; device memory over time into SVG
                                             (default: TRACE with .memory.svg)
+  tpu-rs cache warm RECORD [--threads N]   compile the programs a run recorded (TPU_RS_RECORD_PROGRAMS=
+                                            RECORD) into the compile cache, N at a time (default: cores)
   tpu-rs launch -n N [--master-addr A] [--master-port P] -- PROGRAM ARGS...
                                             run N ranks of PROGRAM with torchrun's env:// variables";
 
@@ -29,6 +31,8 @@ fn main() -> ExitCode {
             Ok(())
         }
         ["devices"] => show_devices(),
+        ["cache", "warm", record] => warm(record, "0"),
+        ["cache", "warm", record, "--threads", n] => warm(record, n),
         ["trace", "summary", trace] => summarize(trace, None),
         ["trace", "summary", trace, "--memory", svg] => summarize(trace, Some(svg)),
         ["launch", rest @ ..] => {
@@ -73,6 +77,37 @@ fn summarize(trace: &str, svg: Option<&str>) -> Result<(), String> {
         None => println!("device memory over time: no samples in the trace"),
     }
     Ok(())
+}
+
+fn warm(record: &str, threads: &str) -> Result<(), String> {
+    let threads = threads
+        .parse()
+        .map_err(|_| format!("--threads {threads}: not a number"))?;
+    let report =
+        program_record::warm(std::path::Path::new(record), threads).map_err(|e| e.to_string())?;
+    let cache = Runtime::global()
+        .ok()
+        .and_then(|r| r.cache().disk_dir().map(|d| d.display().to_string()))
+        .unwrap_or_else(|| "memory only: the disk tier is off for this plugin".into());
+    println!(
+        "{} programs: {} compiled, {} already cached, {} failed in {:.2} s ({cache})",
+        report.programs,
+        report.compiled,
+        report.cached,
+        report.failed.len(),
+        report.seconds
+    );
+    for error in &report.failed {
+        println!("  failed: {error}");
+    }
+    if report.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} programs failed to compile",
+            report.failed.len()
+        ))
+    }
 }
 
 fn install_plugins(words: &[&str]) -> Result<(), String> {
