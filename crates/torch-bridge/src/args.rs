@@ -10,6 +10,7 @@ use tpu_core::op::{Attr, Attrs};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
+use crate::kernels::scalar;
 use crate::torch::{View, dtype_of, upload};
 
 /// Attribute names are `&'static str` in tpu-rs; names from Python are
@@ -62,16 +63,6 @@ fn attr(key: &str, v: &Bound<'_, PyAny>) -> Result<Attr> {
     Err(BridgeError::internal(format!(
         "attribute `{key}` has an unsupported value {v}"
     )))
-}
-
-/// A 0-dim tensor of `value` in `dtype` on `device` (device-resident and
-/// shared: see [`tpu_core::scalars`]).
-pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
-    Ok(tpu_core::scalars::scalar(
-        dtype,
-        value,
-        tpu_core::Device::Tpu(device),
-    )?)
 }
 
 /// Whether `v` is a Python number (bool, int or float).

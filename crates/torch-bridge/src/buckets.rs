@@ -28,8 +28,8 @@ use pyo3::types::PyList;
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
-use crate::args::scalar;
 use crate::error::{BridgeError, Result};
+use crate::kernels::scalar;
 use crate::kernels::{call, call1, cast};
 use crate::storage::Padded;
 use crate::torch::{View, dtype_of, wrap, wrap_padded};

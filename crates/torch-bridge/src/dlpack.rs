@@ -13,7 +13,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use tpu_core::DType;
 
-use crate::storage::Layout;
+use crate::layout::Layout;
 
 /// `DLDeviceType::kDLExtDev`.
 const EXT_DEV: i32 = 12;

@@ -135,7 +135,7 @@ pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Resu
     let outputs = crate::profile::from_python(|| {
         policy::call(name, inputs, attrs, Some(Device::Tpu(device)))
     })?;
-    crate::replay::note_call(name, inputs, attrs, device, &outputs);
+    crate::recording::note_call(name, inputs, attrs, device, &outputs);
     Ok(outputs)
 }
 
@@ -149,6 +149,16 @@ pub fn call1(name: &str, inputs: &[Tensor], attrs: &Attrs) -> Result<Tensor> {
         .into_iter()
         .next()
         .ok_or_else(|| BridgeError::internal(format!("`{name}` returned nothing")))
+}
+
+/// A 0-dim tensor of `value` in `dtype` on `device` (device-resident and
+/// shared: see [`tpu_core::scalars`]).
+pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
+    Ok(tpu_core::scalars::scalar(
+        dtype,
+        value,
+        tpu_core::Device::Tpu(device),
+    )?)
 }
 
 /// A tensor of `shape` filled with `value`.

@@ -5,6 +5,14 @@
 //! calls in here with torch tensors. A torch storage on `tpu` carries a
 //! [`Storage`] holding a tpu-rs tensor; ops run through the tpu-rs
 //! dispatcher under the chosen eager mode, and writes rebind storages.
+//!
+//! Modules depend one way, from the bottom up: plain data (`layout`,
+//! `address`, `error`); the record of a compiled graph's run being traced
+//! (`recording`) and of values written (`writes`); op calls under the
+//! bridge's policy (`kernels`); storages (`storage`, `dlpack`); conversion
+//! between torch tensors and ours (`torch`, `args`); and on top, what
+//! Python and the C++ layer call (`ops`, `replay`, `random`, `buckets`,
+//! `native*`, `device`, `dist`).
 #![warn(missing_docs)]
 
 mod address;
@@ -17,12 +25,14 @@ mod dlpack;
 mod error;
 mod events;
 mod kernels;
+mod layout;
 mod native;
 mod native_kernels;
 mod native_ops;
 mod ops;
 mod profile;
 mod random;
+mod recording;
 mod replay;
 mod storage;
 mod torch;
@@ -31,7 +41,8 @@ mod writes;
 use pyo3::prelude::*;
 
 pub use error::{BridgeError, TpuError};
-pub use storage::{Layout, Storage};
+pub use layout::Layout;
+pub use storage::Storage;
 
 /// An unwritten tpu tensor of `size` and `dtype` (contiguous) on
 /// `tpu:device`.

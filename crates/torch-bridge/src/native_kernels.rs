@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
-use crate::args::scalar;
 use crate::error::{BridgeError, Result};
+use crate::kernels::scalar;
 use crate::kernels::{call1, cast};
 use crate::native::ffi;
 use crate::native_ops::{dtype, failure, read, storage_of, store_into};

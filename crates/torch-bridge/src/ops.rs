@@ -111,7 +111,7 @@ pub fn on_device(value: Tensor, device: usize) -> Result<Tensor> {
     if value.device() == Device::Tpu(device) {
         return Ok(value);
     }
-    crate::replay::note_unreplayable("a value moves between devices");
+    crate::recording::note_unreplayable("a value moves between devices");
     Ok(Tensor::from_buffer(
         value.elements()?.copy_to_device(device)?,
     ))
@@ -197,7 +197,7 @@ pub fn vjp_values(
 ) -> Result<Vec<Option<Tensor>>> {
     // The rule's ops and its graph's cut are the calling Python line's.
     crate::profile::from_python(|| {
-        crate::replay::note_unreplayable("a backward rule runs");
+        crate::recording::note_unreplayable("a backward rule runs");
         let def = registry().and_then(|r| r.get(op))?;
         let policy = crate::kernels::vjp_policy()?;
         let _scope = tpu_core::policy::EagerModeGuard::with_policy(policy.clone());

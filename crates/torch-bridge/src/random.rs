@@ -110,7 +110,7 @@ pub fn draw(
     mut attrs: tpu_core::op::Attrs,
     device: usize,
 ) -> Result<Tensor> {
-    crate::replay::note_unreplayable("random numbers are drawn");
+    crate::recording::note_unreplayable("random numbers are drawn");
     attrs.set("shape", shape);
     if op != "bernoulli" && dtype.is_float() {
         attrs.set("dtype", dtype);

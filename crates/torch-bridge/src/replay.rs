@@ -16,167 +16,19 @@
 
 use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tpu_core::block::{Block, BlockCall, BlockSrc};
-use tpu_core::op::{Attrs, OpDef, OpId, registry};
 use tpu_core::policy::EagerModeGuard;
-use tpu_core::stablehlo::TensorType;
 use tpu_core::{Tensor, profile};
 
 use crate::error::Result;
 use crate::kernels::call;
-use crate::storage::Layout;
+use crate::layout::Layout;
+use crate::recording::{self, Recording, Source};
 use crate::torch::{View, wrap_as};
-
-/// Where a recorded call's input comes from.
-#[derive(Clone)]
-enum Source {
-    /// Graph input `i`'s stored value.
-    Input(usize),
-    /// Output `j` of recorded call `i`.
-    Output(usize, usize),
-    /// A value the graph holds (a scalar, a constant tensor).
-    Constant(Tensor),
-}
-
-struct Call {
-    op: &'static OpDef,
-    id: OpId,
-    attrs: Attrs,
-    device: usize,
-    inputs: Vec<Source>,
-    outputs: Vec<TensorType>,
-}
-
-struct Recording {
-    /// The thread running the graph: calls from other threads (a backward
-    /// pass elsewhere) are not the graph's.
-    thread: std::thread::ThreadId,
-    /// Graph inputs' stored values, by tensor id.
-    inputs: HashMap<u64, usize>,
-    /// Their types, in input order.
-    input_types: Vec<TensorType>,
-    /// Each input's device and layout: a replay needs the same.
-    input_layouts: Vec<(usize, Layout)>,
-    /// Outputs of recorded calls, by tensor id.
-    outputs: HashMap<u64, (usize, usize)>,
-    calls: Vec<Call>,
-    /// The last value written into each written graph input's storage.
-    writes: Vec<(usize, Tensor)>,
-    /// The input whose storage holds a written value, by tensor id.
-    written: HashMap<u64, usize>,
-    /// Why the run cannot be replayed, once something says so.
-    broken: Option<String>,
-}
-
-impl Recording {
-    fn new() -> Recording {
-        Recording {
-            thread: std::thread::current().id(),
-            inputs: HashMap::new(),
-            input_types: Vec::new(),
-            input_layouts: Vec::new(),
-            outputs: HashMap::new(),
-            calls: Vec::new(),
-            writes: Vec::new(),
-            written: HashMap::new(),
-            broken: None,
-        }
-    }
-
-    /// The recording, when this thread is the one recording.
-    fn here(slot: &mut Option<Recording>) -> Option<&mut Recording> {
-        slot.as_mut()
-            .filter(|r| r.thread == std::thread::current().id())
-    }
-
-    fn source(&self, t: &Tensor) -> Source {
-        if let Some(&i) = self.inputs.get(&t.id()) {
-            Source::Input(i)
-        } else if let Some(&(c, j)) = self.outputs.get(&t.id()) {
-            Source::Output(c, j)
-        } else {
-            Source::Constant(t.clone())
-        }
-    }
-}
-
-static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
-
-/// Whether a recording is under way: every op asks, and mostly none is.
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-
-fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
-    RECORDING.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The recording slot, when a recording may be under way.
-fn while_recording() -> Option<std::sync::MutexGuard<'static, Option<Recording>>> {
-    ACTIVE.load(Ordering::Acquire).then(recording)
-}
-
-/// Notes op call `op` on `inputs` giving `outputs`, while recording.
-pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outputs: &[Tensor]) {
-    let Some(mut slot) = while_recording() else {
-        return;
-    };
-    let Some(rec) = Recording::here(&mut slot).filter(|r| r.broken.is_none()) else {
-        return;
-    };
-    let Ok((id, def)) = registry().and_then(|r| r.id(op).map(|id| (id, r.op(id)))) else {
-        rec.broken = Some(format!("`{op}` is not a registered op"));
-        return;
-    };
-    let sources = inputs.iter().map(|t| rec.source(t)).collect();
-    let index = rec.calls.len();
-    for (j, t) in outputs.iter().enumerate() {
-        rec.outputs.insert(t.id(), (index, j));
-    }
-    rec.calls.push(Call {
-        op: def,
-        id,
-        attrs: attrs.clone(),
-        device,
-        inputs: sources,
-        outputs: outputs.iter().map(|t| t.ty().clone()).collect(),
-    });
-}
-
-/// Marks the run being recorded as not replayable, for `why`.
-pub fn note_unreplayable(why: &str) {
-    let Some(mut slot) = while_recording() else {
-        return;
-    };
-    if let Some(rec) = Recording::here(&mut slot) {
-        rec.broken.get_or_insert_with(|| why.to_string());
-    }
-}
-
-/// Notes that a storage holding `old` now holds `new`, while recording:
-/// when it is a graph input's storage, a replay writes `new` there too.
-pub fn note_write(old: Option<&Tensor>, new: &Tensor) {
-    let Some(mut slot) = while_recording() else {
-        return;
-    };
-    let (Some(rec), Some(old)) = (Recording::here(&mut slot), old) else {
-        return;
-    };
-    let input = rec
-        .inputs
-        .get(&old.id())
-        .or_else(|| rec.written.get(&old.id()));
-    if let Some(&i) = input {
-        match rec.writes.iter_mut().find(|(j, _)| *j == i) {
-            Some(last) => last.1 = new.clone(),
-            None => rec.writes.push((i, new.clone())),
-        }
-        rec.written.insert(new.id(), i);
-    }
-}
 
 /// Where a graph output's value comes from in a replay.
 enum Out {
@@ -320,8 +172,7 @@ pub fn record_start(inputs: &Bound<'_, PyList>) -> PyResult<()> {
         rec.input_types.push(value.ty().clone());
         rec.input_layouts.push((storage.device(), view.layout));
     }
-    *recording() = Some(rec);
-    ACTIVE.store(true, Ordering::Release);
+    recording::start(rec);
     Ok(())
 }
 
@@ -335,9 +186,7 @@ fn own_handle(value: &Tensor) -> Result<Tensor> {
 /// returned something other than tensors).
 #[pyfunction]
 pub fn record_stop(outputs: Option<&Bound<'_, PyList>>) -> PyResult<Option<Replay>> {
-    let taken = recording().take();
-    ACTIVE.store(false, Ordering::Release);
-    let (Some(rec), Some(outputs)) = (taken, outputs) else {
+    let (Some(rec), Some(outputs)) = (recording::stop(), outputs) else {
         return Ok(None);
     };
     if rec.broken.is_some() {
@@ -398,8 +247,7 @@ impl Replay {
             return Ok(None);
         }
         // Inside another graph's recording, each call must be noted there.
-        let nested = while_recording().is_some_and(|mut slot| Recording::here(&mut slot).is_some());
-        let results = if nested {
+        let results = if recording::here() {
             self.run_each(&values)?
         } else {
             let policy = crate::kernels::current()?;

@@ -21,6 +21,7 @@ use tpu_core::{DType, Device, Tensor};
 use crate::address::Address;
 use crate::error::{BridgeError, Result};
 use crate::kernels::{call1, full};
+use crate::layout::{Layout, contiguous_strides};
 
 /// The tpu-rs side of a torch storage on the `tpu` device.
 pub struct Storage {
@@ -103,7 +104,7 @@ impl Padded {
         let Device::Tpu(device) = self.value.device() else {
             return Ok(None);
         };
-        let at = crate::args::scalar(DType::I64, start as f64, device)?;
+        let at = crate::kernels::scalar(DType::I64, start as f64, device)?;
         let attrs = Attrs::new().with("dim", self.dim).with("length", len);
         let mut x = call1("dynamic_slice", &[self.value.clone(), at], &attrs)?;
         for (dim, &(start, len)) in window.iter().enumerate() {
@@ -264,7 +265,7 @@ impl Storage {
             )));
         }
         crate::writes::note(&value);
-        crate::replay::note_write(slot.compact.as_ref(), &value);
+        crate::recording::note_write(slot.compact.as_ref(), &value);
         slot.compact = Some(value);
         slot.padded = None;
         Ok(())
@@ -368,7 +369,7 @@ pub fn resize(address: u64, nbytes: usize) -> Result<()> {
     };
     if let Some(value) = &resized {
         crate::writes::note(value);
-        crate::replay::note_write(slot.compact.as_ref(), value);
+        crate::recording::note_write(slot.compact.as_ref(), value);
     }
     slot.numel = numel;
     slot.compact = resized;
@@ -379,80 +380,6 @@ pub fn resize(address: u64, nbytes: usize) -> Result<()> {
 /// Bytes of `numel` elements of `dtype`.
 fn bytes_of(dtype: DType, numel: usize) -> usize {
     numel.saturating_mul(dtype.size_in_bytes())
-}
-
-/// Where a torch tensor's elements sit in its storage.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Sizes.
-    pub size: Vec<usize>,
-    /// Strides, in elements.
-    pub stride: Vec<usize>,
-    /// Offset of the first element, in elements.
-    pub offset: usize,
-}
-
-impl Layout {
-    /// A dense row-major layout of `size` at offset 0.
-    pub fn contiguous(size: &[usize]) -> Layout {
-        Layout {
-            size: size.to_vec(),
-            stride: contiguous_strides(size),
-            offset: 0,
-        }
-    }
-
-    /// Element count.
-    pub fn numel(&self) -> usize {
-        self.size.iter().product()
-    }
-
-    /// True when the view walks `numel` storage elements in order from
-    /// `offset` (strides of size-1 dims do not matter).
-    pub fn is_dense(&self) -> bool {
-        let mut expected = 1;
-        for (&n, &s) in self.size.iter().zip(&self.stride).rev() {
-            if n != 1 && s != expected {
-                return false;
-            }
-            expected *= n;
-        }
-        true
-    }
-
-    /// True when the view is the whole storage, in order.
-    pub fn covers(&self, numel: usize) -> bool {
-        self.offset == 0 && self.numel() == numel && self.is_dense()
-    }
-
-    /// One past the last storage element the view reaches (a view with
-    /// elements; an empty one reaches none).
-    fn extent(&self) -> usize {
-        self.offset
-            + self
-                .size
-                .iter()
-                .zip(&self.stride)
-                .map(|(&n, &s)| n.saturating_sub(1) * s)
-                .sum::<usize>()
-            + 1
-    }
-
-    fn attrs(&self) -> Attrs {
-        Attrs::new()
-            .with("size", self.size.as_slice())
-            .with("stride", self.stride.as_slice())
-            .with("offset", self.offset)
-    }
-}
-
-/// Row-major strides of `size`.
-pub fn contiguous_strides(size: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; size.len()];
-    for i in (0..size.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * size[i + 1].max(1);
-    }
-    strides
 }
 
 /// The value a view of `storage` sees, shaped `layout.size`.

@@ -11,7 +11,8 @@ use pyo3::types::{IntoPyDict, PyBytes, PyList};
 use tpu_core::{DType, HostBuffer, Runtime, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::storage::{Handle, Layout, Padded, Storage, read};
+use crate::layout::Layout;
+use crate::storage::{Handle, Padded, Storage, read};
 
 /// Attribute of a torch storage that holds its [`Storage`].
 const HANDLE: &str = "_tpu";
@@ -302,7 +303,7 @@ pub fn upload_host(host: &HostBuffer, device: usize) -> Result<Tensor> {
 
 /// `value`'s elements in host memory, shaped as the value.
 pub fn host_copy(value: &Tensor) -> Result<HostBuffer> {
-    crate::replay::note_unreplayable("a value is read back to the host");
+    crate::recording::note_unreplayable("a value is read back to the host");
     // The buffer may be shared with a reshape of it: the value's shape rules.
     Ok(HostBuffer::download(&*value.elements()?)?.reshaped(value.shape().clone())?)
 }

@@ -17,11 +17,12 @@ use std::sync::{Arc, OnceLock};
 use tpu_core::op::{Attrs, OpErrorKind};
 use tpu_core::{DType, Tensor};
 
-use crate::args::scalar;
 use crate::error::{BridgeError, Result};
+use crate::kernels::scalar;
 use crate::kernels::{broadcast, call1, cast};
+use crate::layout::Layout;
 use crate::native::ffi;
-use crate::storage::{self, Layout, Padded, Storage};
+use crate::storage::{self, Padded, Storage};
 use crate::torch::View;
 
 /// A kernel: what it does with one call's arguments.
@@ -172,7 +173,7 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
             }
         }
         Done::Number(value) => {
-            crate::replay::note_unreplayable("a value is read back to the host");
+            crate::recording::note_unreplayable("a value is read back to the host");
             // The wait (a deferred graph's run) is the calling line's.
             let host = crate::profile::from_python(|| value.to_host())?;
             out.has_number = true;

@@ -53,7 +53,7 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     ops.push(op("cat", &[0], cat));
     ops.push(op("empty.memory_format", &[], |c| {
         let sizes = sizes_arg(c, 0)?;
-        let strides = crate::storage::contiguous_strides(&sizes);
+        let strides = crate::layout::contiguous_strides(&sizes);
         unwritten(c, sizes, strides, 1, 3)
     }));
     ops.push(op("empty_strided", &[], |c| {
