@@ -15,7 +15,9 @@ use crate::Device;
 use crate::block::Block;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
-use crate::op::{Attrs, OpDef, OpErrorKind, OpId, OpResult, check_inputs, registry, run_reference};
+use crate::op::{
+    Attrs, OpDef, OpErrorKind, OpId, OpResult, check_indices, check_inputs, registry, run_reference,
+};
 use crate::profile::{self, CallSite};
 use crate::stablehlo::{Builder, TensorType, Value};
 use crate::tensor::Tensor;
@@ -367,6 +369,7 @@ pub fn call(
                 .iter()
                 .map(Tensor::to_host)
                 .collect::<Result<Vec<_>>>()?;
+            check_indices(op, &types, attrs, device, |i| Ok(values[i].clone()))?;
             run_reference(op, &values, attrs)?
                 .into_iter()
                 .map(|v| Tensor::from_host(v, Device::Cpu))

@@ -5,9 +5,10 @@
 
 use tpu_core::host::{HostData, assert_close};
 use tpu_core::metrics::CutReason;
-use tpu_core::op::run_reference;
+use tpu_core::op::{check_indices, run_reference};
 use tpu_core::policy::{EagerMode, ExecutionPolicy, OpCall};
 use tpu_core::settings::{self, Lookup};
+use tpu_core::stablehlo::TensorType;
 use tpu_core::{Error, Result, Tensor};
 
 use crate::{Strict, describe, op_failed};
@@ -117,6 +118,13 @@ impl ExecutionPolicy for Debug {
             named @ Error::OpFailed { .. } => named,
             source => op_failed(call.op.name, call.location, call.inputs, source),
         };
+        // Index inputs, read back: out of range, the device would clamp or
+        // drop them silently.
+        let types: Vec<TensorType> = call.inputs.iter().map(|t| t.ty().clone()).collect();
+        let device = tpu_core::Device::Tpu(call.device);
+        check_indices(call.op, &types, call.attrs, device, |i| {
+            call.inputs[i].to_host()
+        })?;
         let outputs = self.strict.run(&call).map_err(fail)?;
         for out in &outputs {
             out.elements()

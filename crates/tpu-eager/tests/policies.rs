@@ -284,6 +284,7 @@ macro_rules! test_op {
                 lower: $lower,
                 reference: |x, _| Ok(vec![tpu_core::HostTensor::float(x[0].dtype(), x[0].to_f64() * 2.0)]),
                 vjp: None,
+                indices: |_, _| Vec::new(),
                 tolerance: tpu_core::host::Tolerance::for_dtype,
                 samples: Vec::new,
                 arbitrary: |_| tpu_core::op::Sample::new(vec![], Attrs::new()),

@@ -10,8 +10,9 @@ use crate::tensor::Tensor;
 /// Convolution and pooling geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
-    /// Step between windows.
-    pub stride: usize,
+    /// Step between windows; `None` takes PyTorch's default: 1 for a
+    /// convolution, the kernel size for pooling.
+    pub stride: Option<usize>,
     /// Zero padding on each side.
     pub padding: usize,
     /// Spacing of kernel taps.
@@ -21,16 +22,19 @@ pub struct Window {
 impl Default for Window {
     fn default() -> Window {
         Window {
-            stride: 1,
+            stride: None,
             padding: 0,
             dilation: 1,
         }
     }
 }
 
-fn window_attrs(w: Window, spatial: usize) -> Attrs {
+/// The attributes of `w` over `spatial` dims; a stride left out is
+/// `default_stride`.
+fn window_attrs(w: Window, spatial: usize, default_stride: usize) -> Attrs {
+    let stride = w.stride.unwrap_or(default_stride);
     Attrs::new()
-        .with("stride", vec![w.stride as i64; spatial])
+        .with("stride", vec![stride as i64; spatial])
         .with("padding", vec![w.padding as i64; spatial])
         .with("dilation", vec![w.dilation as i64; spatial])
 }
@@ -61,7 +65,7 @@ impl Tensor {
         window: Window,
         groups: usize,
     ) -> Result<Tensor> {
-        let attrs = window_attrs(window, 1).with("groups", groups as i64);
+        let attrs = window_attrs(window, 1, 1).with("groups", groups as i64);
         match bias {
             Some(b) => Tensor::apply1("conv1d", &[self, weight, b], attrs),
             None => Tensor::apply1("conv1d", &[self, weight], attrs),
@@ -77,7 +81,7 @@ impl Tensor {
         window: Window,
         groups: usize,
     ) -> Result<Tensor> {
-        let attrs = window_attrs(window, 2).with("groups", groups as i64);
+        let attrs = window_attrs(window, 2, 1).with("groups", groups as i64);
         match bias {
             Some(b) => Tensor::apply1("conv2d", &[self, weight, b], attrs),
             None => Tensor::apply1("conv2d", &[self, weight], attrs),
@@ -90,10 +94,11 @@ impl Tensor {
         Tensor::apply1("convolution", &[self, weight], attrs)
     }
 
-    /// 2-D max pooling over NCHW with a square `kernel`.
+    /// 2-D max pooling over NCHW with a square `kernel` (stride: the
+    /// kernel's, unless `window` gives one).
     #[track_caller]
     pub fn max_pool2d(&self, kernel: usize, window: Window) -> Result<Tensor> {
-        let attrs = window_attrs(window, 2).with("kernel_size", vec![kernel as i64; 2]);
+        let attrs = window_attrs(window, 2, kernel).with("kernel_size", vec![kernel as i64; 2]);
         Tensor::apply1("max_pool2d", &[self], attrs)
     }
 

@@ -32,6 +32,7 @@ pub use error::{Error, Result};
 pub use functional::Window;
 pub use tensor::Tensor;
 pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
+pub use tpu_core::op::{Attrs, OpErrorKind};
 pub use tpu_core::pjrt::discovery;
 pub use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy_named};
 pub use tpu_core::profile;

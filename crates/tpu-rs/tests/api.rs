@@ -105,7 +105,7 @@ fn functional_methods_agree_across_devices() -> Result<()> {
         let pooled = conv.max_pool2d(
             2,
             Window {
-                stride: 2,
+                stride: Some(2),
                 ..Window::default()
             },
         )?;
@@ -137,6 +137,55 @@ fn functional_methods_agree_across_devices() -> Result<()> {
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(b) {
             assert!((x - y).abs() < 1e-4 * (1.0 + x.abs()), "{a:?} vs {b:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn pooling_steps_by_its_kernel_unless_told_otherwise() -> Result<()> {
+    use tpu_rs::Window;
+    let x = Tensor::ones([1, 1, 16, 16], DType::F32, Device::Tpu(0))?;
+    assert_eq!(x.max_pool2d(2, Window::default())?.dims(), &[1, 1, 8, 8]);
+    let stride_one = Window {
+        stride: Some(1),
+        ..Window::default()
+    };
+    assert_eq!(x.max_pool2d(2, stride_one)?.dims(), &[1, 1, 15, 15]);
+    Ok(())
+}
+
+#[test]
+fn indices_out_of_range_raise_on_the_cpu_and_under_debug_only() -> Result<()> {
+    let is_out_of_range = |r: Result<Tensor>| match r.and_then(|t| t.to_f64_vec().map(|_| t)) {
+        Err(Error::Core(e)) => e.op_error_kind() == Some(tpu_rs::OpErrorKind::OutOfRange),
+        _ => false,
+    };
+    for device in [Device::Cpu, Device::Tpu(0)] {
+        let rows = Tensor::ones([3, 4], DType::F32, device)?;
+        let ten = Tensor::from_slice(&[10i64], [1], device)?;
+        let seven = Tensor::from_slice(&[0i64, 7], [2], device)?;
+        let logits = Tensor::zeros([2, 3], DType::F32, device)?;
+        let raises = |mode| -> Result<(bool, bool)> {
+            with_eager_mode(mode, || {
+                Ok((
+                    is_out_of_range(rows.index_select(0, &ten)),
+                    is_out_of_range(logits.cross_entropy(&seven)),
+                ))
+            })?
+        };
+        let expected = device == Device::Cpu;
+        assert_eq!(
+            raises(EagerMode::Debug)?,
+            (true, true),
+            "{device} under Debug"
+        );
+        for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
+            assert_eq!(
+                raises(mode)?,
+                (expected, expected),
+                "{device} under {mode:?}"
+            );
         }
     }
     Ok(())

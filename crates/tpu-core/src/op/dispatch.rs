@@ -6,7 +6,7 @@ use std::fmt::Display;
 use super::{Attrs, OpDef, OpError};
 use crate::Shape;
 use crate::error::{Error, Result};
-use crate::host::HostTensor;
+use crate::host::{HostData, HostTensor};
 use crate::stablehlo::{Builder, TensorType};
 
 fn describe(types: &[TensorType]) -> String {
@@ -62,6 +62,37 @@ pub fn check_inputs(
         }
     }
     Ok(outputs)
+}
+
+/// Checks `op`'s index inputs ([`OpDef::indices`]) on `inputs`, reading
+/// each with `read` (only those inputs are read): an index out of range is
+/// an `OutOfRange` error naming the op, the index and the size. PyTorch's
+/// CPU ops and Debug run this; the device itself clamps or drops such
+/// indices.
+pub fn check_indices(
+    op: &OpDef,
+    inputs: &[TensorType],
+    attrs: &Attrs,
+    device: impl Display,
+    mut read: impl FnMut(usize) -> Result<HostTensor>,
+) -> Result<()> {
+    for bound in (op.indices)(inputs, attrs) {
+        if bound.input >= inputs.len() {
+            continue;
+        }
+        let host = read(bound.input)?;
+        let HostData::Int(values) = host.data() else {
+            continue; // not indices (class probabilities): inference's concern
+        };
+        if let Some(bad) = bound.first_outside(values.iter().copied()) {
+            let reason = format!(
+                "index {bad} (input {}) is out of range for {} of size {}",
+                bound.input, bound.what, bound.size
+            );
+            return Err(invalid(op, inputs, device, OpError::out_of_range(reason)));
+        }
+    }
+    Ok(())
 }
 
 /// The largest tensor any device holds, in bytes: far above real memories,

@@ -15,8 +15,8 @@ mod tape;
 
 pub use attrs::{Attr, Attrs};
 pub use dispatch::{
-    MAX_TENSOR_BYTES, check_inputs, run_reference, single_op_program, single_op_program_over,
-    tensor_bytes,
+    MAX_TENSOR_BYTES, check_indices, check_inputs, run_reference, single_op_program,
+    single_op_program_over, tensor_bytes,
 };
 pub use error::{OpError, OpErrorKind, OpResult};
 pub use host_tape::HostTape;
@@ -36,6 +36,44 @@ pub type LowerFn = fn(&mut Builder, &[Value], &Attrs) -> OpResult<Vec<Value>>;
 pub type ReferenceFn = fn(&[HostTensor], &Attrs) -> OpResult<Vec<HostTensor>>;
 /// The backward rule, written in terms of other ops.
 pub type VjpFn = fn(&mut dyn Tape, &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>>;
+/// The inputs of a call that hold indices, with their valid range.
+pub type IndicesFn = fn(&[TensorType], &Attrs) -> Vec<IndexBound>;
+
+/// An input holding indices into something of known size. Out of range,
+/// the device clamps them (a gather reads the nearest row) or drops them
+/// (a scatter writes nothing), as XLA defines; Debug reads them back before
+/// the op runs and raises instead, as PyTorch does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexBound {
+    /// Which input.
+    pub input: usize,
+    /// Valid indices are `0..size`.
+    pub size: usize,
+    /// What they index, for the error: `dimension 1`, `classes`.
+    pub what: String,
+    /// A value allowed besides the range (a loss's `ignore_index`).
+    pub ignore: Option<i64>,
+}
+
+impl IndexBound {
+    /// Indices in input `input` into `size` entries of `what`.
+    pub fn new(input: usize, size: usize, what: impl Into<String>) -> IndexBound {
+        IndexBound {
+            input,
+            size,
+            what: what.into(),
+            ignore: None,
+        }
+    }
+
+    /// The first index of `indices` outside the range, if any.
+    pub fn first_outside(&self, indices: impl IntoIterator<Item = i64>) -> Option<i64> {
+        let size = i64::try_from(self.size).unwrap_or(i64::MAX);
+        indices
+            .into_iter()
+            .find(|&i| !(0..size).contains(&i) && Some(i) != self.ignore)
+    }
+}
 
 /// How many inputs an op takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +187,8 @@ pub struct OpDef {
     pub reference: ReferenceFn,
     /// Backward rule; `None` for ops without a gradient.
     pub vjp: Option<VjpFn>,
+    /// Inputs holding indices, which Debug checks (none by default).
+    pub indices: IndicesFn,
     /// How close the device result must be to the reference, per dtype.
     pub tolerance: fn(DType) -> Tolerance,
     /// Hand-picked inputs, awkward sizes included.
@@ -179,6 +219,7 @@ impl OpDef {
         lower: |_, _, _| Err(OpError::unsupported("the op record gives no lowering")),
         reference: |_, _| Err(OpError::unsupported("the op record gives no reference")),
         vjp: None,
+        indices: |_, _| Vec::new(),
         tolerance: Tolerance::for_dtype,
         #[cfg(feature = "conformance")]
         samples: Vec::new,

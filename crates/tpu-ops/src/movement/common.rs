@@ -7,7 +7,7 @@ use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
 #[cfg(feature = "conformance")]
 use tpu_core::op::Gen;
-use tpu_core::op::{Attrs, OpResult, Tape, Var};
+use tpu_core::op::{Attrs, IndexBound, OpResult, Tape, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list, i64_array, int_range};
 use tpu_core::{DType, Shape};
 
@@ -533,4 +533,14 @@ pub(crate) fn random_dim(g: &mut Gen, rank: usize) -> i64 {
 pub(crate) fn random_indices(g: &mut Gen, shape: &Shape, lo: i64, hi: i64) -> HostTensor {
     let dtype = index_dtype(g);
     g.indices(dtype, shape, lo, hi)
+}
+
+/// The bound of an index input (input 1) into dimension `dim` of `x`
+/// (a 0-D `x` counts as 1-D), when the call's plan found the dimension.
+pub(crate) fn index_into(x: &TensorType, dim: OpResult<usize>) -> Vec<IndexBound> {
+    dim.map(|d| {
+        let size = lift(&x.shape).dims()[d];
+        vec![IndexBound::new(1, size, format!("dimension {d}"))]
+    })
+    .unwrap_or_default()
 }

@@ -3,7 +3,7 @@
 
 use tpu_core::host::HostTensor;
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, OpResult, Tape, Torch, Var};
+use tpu_core::op::{Arity, Attrs, IndexBound, OpResult, Tape, Torch, Var};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
@@ -126,6 +126,7 @@ inventory::submit! {
     op_def! {
         name: "gather",
         arity: Arity::Exactly(2),
+        indices: |x, attrs| index_into(&x[0], gather_plan(&x[0], &x[1], attrs)),
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             gather_plan(a, i, attrs)?;
@@ -336,6 +337,13 @@ inventory::submit! {
     op_def! {
         name: "take_along_dim",
         arity: Arity::Exactly(2),
+        indices: |x, attrs| match take_plan(&x[0], &x[1], attrs) {
+            Ok(TakePlan { dim: Some(d), x_shape, .. }) => {
+                vec![IndexBound::new(1, x_shape.dims()[d], format!("dimension {d}"))]
+            }
+            Ok(p) => vec![IndexBound::new(1, p.x_shape.numel(), "the flattened input")],
+            Err(_) => Vec::new(),
+        },
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             Ok(vec![TensorType::new(a.dtype, take_plan(a, i, attrs)?.out)])
@@ -410,6 +418,7 @@ inventory::submit! {
     op_def! {
         name: "index_select",
         arity: Arity::Exactly(2),
+        indices: |x, attrs| index_into(&x[0], select_plan(&x[0], &x[1], attrs).map(|p| p.0)),
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
             Ok(vec![TensorType::new(a.dtype, select_plan(a, i, attrs)?.1)])
@@ -484,6 +493,10 @@ inventory::submit! {
     op_def! {
         name: "embedding",
         arity: Arity::Exactly(2),
+        indices: |x, _| match embedding_plan(&x[0], &x[1]) {
+            Ok(_) => vec![IndexBound::new(1, x[0].shape.dims()[0], "the embedding's rows")],
+            Err(_) => Vec::new(),
+        },
         infer: |x, _| {
             let (w, i) = two(x, "weight, indices")?;
             Ok(vec![TensorType::new(w.dtype, embedding_plan(w, i)?)])
@@ -547,6 +560,10 @@ inventory::submit! {
     op_def! {
         name: "one_hot",
         arity: Arity::Exactly(1),
+        indices: |x, attrs| match one_hot_plan(&x[0], attrs) {
+            Ok((classes, _)) => vec![IndexBound::new(0, classes, "classes")],
+            Err(_) => Vec::new(),
+        },
         dtypes: INDEX_DTYPES,
         infer: |x, attrs| {
             let i = x.first().ok_or("missing input")?;

@@ -212,6 +212,7 @@ inventory::submit! {
     op_def! {
         name: "scatter",
         arity: Arity::Exactly(3),
+        indices: |x, attrs| index_into(&x[0], scatter_plan(&x[0], &x[1], &x[2], attrs)),
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Replace),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Replace),
@@ -228,6 +229,7 @@ inventory::submit! {
     op_def! {
         name: "scatter_add",
         arity: Arity::Exactly(3),
+        indices: |x, attrs| index_into(&x[0], scatter_plan(&x[0], &x[1], &x[2], attrs)),
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Add),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Add),
@@ -262,6 +264,7 @@ inventory::submit! {
     op_def! {
         name: "scatter_reduce",
         arity: Arity::Exactly(3),
+        indices: |x, attrs| index_into(&x[0], scatter_plan(&x[0], &x[1], &x[2], attrs)),
         // No Rust backward rule yet: PyTorch computes its own through the
         // bridge.
         flags: Flags::NOT_DIFFERENTIABLE,
@@ -353,6 +356,7 @@ inventory::submit! {
     op_def! {
         name: "index_add",
         arity: Arity::Exactly(3),
+        indices: |x, attrs| index_into(&x[0], index_add_plan(&x[0], &x[1], &x[2], attrs)),
         infer: |x, attrs| {
             let (a, i, s) = three(x)?;
             index_add_plan(a, i, s, attrs)?;

@@ -9,7 +9,7 @@
 
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::invalid;
-use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
+use tpu_core::op::{Arity, Attrs, Flags, IndexBound, OpResult, Tape, Torch, Var, VjpArgs};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
@@ -90,6 +90,18 @@ fn loss_args(inputs: &[TensorType], attrs: &Attrs, smoothing_ok: bool) -> OpResu
         smoothing,
         reduction,
     })
+}
+
+/// The target's class indices: `0..classes`, or `ignore_index`.
+fn target_classes(inputs: &[TensorType], attrs: &Attrs) -> Vec<IndexBound> {
+    loss_args(inputs, attrs, true)
+        .map(|a| {
+            vec![IndexBound {
+                ignore: Some(a.ignore_index),
+                ..IndexBound::new(1, a.classes, "classes")
+            }]
+        })
+        .unwrap_or_default()
 }
 
 fn infer_loss(
@@ -355,6 +367,7 @@ inventory::submit! {
         flags: Flags::REDUCTION,
         dtypes: FLOATS,
         infer: |x, attrs| infer_loss(x, attrs, true),
+        indices: target_classes,
         lower: |b, x, attrs| Ok(vec![lower_loss(b, x, attrs, true)?]),
         reference: |x, attrs| Ok(vec![loss_ref(x, attrs, true)?]),
         vjp: Some(|t, a| loss_vjp(t, a, true)),
@@ -372,6 +385,7 @@ inventory::submit! {
         flags: Flags::REDUCTION,
         dtypes: FLOATS,
         infer: |x, attrs| infer_loss(x, attrs, false),
+        indices: target_classes,
         lower: |b, x, attrs| Ok(vec![lower_loss(b, x, attrs, false)?]),
         reference: |x, attrs| Ok(vec![loss_ref(x, attrs, false)?]),
         vjp: Some(|t, a| loss_vjp(t, a, false)),
