@@ -70,7 +70,9 @@ pub enum Error {
         reason: String,
     },
     /// A device index beyond the client's addressable devices.
-    #[error("device index {index} is out of range: {platform} has {count} device(s)")]
+    #[error(
+        "tpu:{index} does not exist: this process sees {count} tpu device(s), those of the {platform} plugin"
+    )]
     DeviceOutOfRange {
         /// The index asked for.
         index: usize,

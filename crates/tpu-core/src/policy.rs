@@ -46,12 +46,36 @@ impl EagerMode {
     /// The built-in mode `TPU_RS_EAGER` selects (`strict` when unset); an
     /// error when it names another registered policy or none.
     pub fn from_env() -> Result<EagerMode> {
-        policy_name_from_env()?.parse()
+        let name = policy_name_from_env()?;
+        EagerMode::builtin(name).ok_or_else(|| not_builtin(Some("TPU_RS_EAGER"), name))
     }
 
     /// The built-in mode `TPU_RS_EAGER` names in `get` (`strict` when unset).
     pub fn from_lookup(get: crate::settings::Lookup<'_>) -> Result<EagerMode> {
-        get("TPU_RS_EAGER")?.map_or(Ok(EagerMode::Strict), |v| v.parse())
+        get("TPU_RS_EAGER")?.map_or(Ok(EagerMode::Strict), |v| {
+            EagerMode::builtin(&v).ok_or_else(|| not_builtin(Some("TPU_RS_EAGER"), &v))
+        })
+    }
+
+    /// The built-in mode `s` spells, if any.
+    fn builtin(s: &str) -> Option<EagerMode> {
+        let name = builtin_name(s)?;
+        [EagerMode::Strict, EagerMode::Debug, EagerMode::DeferAndFuse]
+            .into_iter()
+            .find(|mode| mode.name() == name)
+    }
+}
+
+/// The error for `s`, which names no built-in mode; read from `variable`
+/// when it comes from the environment.
+fn not_builtin(variable: Option<&'static str>, s: &str) -> Error {
+    const WHY: &str = "is not a built-in eager mode; use strict, debug or defer_and_fuse";
+    match variable {
+        Some(variable) => crate::settings::invalid(variable, s, WHY),
+        None => Error::InvalidOption {
+            option: "eager mode",
+            reason: format!("{s:?} {WHY}"),
+        },
     }
 }
 
@@ -64,17 +88,7 @@ impl fmt::Display for EagerMode {
 impl FromStr for EagerMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<EagerMode> {
-        let name = builtin_name(s);
-        [EagerMode::Strict, EagerMode::Debug, EagerMode::DeferAndFuse]
-            .into_iter()
-            .find(|mode| Some(mode.name()) == name)
-            .ok_or_else(|| {
-                crate::settings::invalid(
-                    "TPU_RS_EAGER",
-                    s,
-                    "is not a built-in eager mode; use strict, debug or defer_and_fuse",
-                )
-            })
+        EagerMode::builtin(s).ok_or_else(|| not_builtin(None, s))
     }
 }
 
@@ -339,7 +353,20 @@ fn device_of(op: &OpDef, inputs: &[Tensor], device: Option<Device>) -> Result<De
             _ => {}
         }
     }
-    Ok(found.unwrap_or(Device::Cpu))
+    let found = found.unwrap_or(Device::Cpu);
+    if let (true, Device::Tpu(index)) = (inputs.is_empty(), found) {
+        // A creation op names its device: one this process lacks is an
+        // error naming it, before any program is built for it.
+        let client = crate::Runtime::global()?.client();
+        if index >= client.device_count() {
+            return Err(Error::DeviceOutOfRange {
+                index,
+                count: client.device_count(),
+                platform: client.platform_name().to_string(),
+            });
+        }
+    }
+    Ok(found)
 }
 
 /// Calls op `name` on `inputs`: inference first (typed errors, in every

@@ -243,13 +243,13 @@ impl<M> DataParallel<M> {
             (self.world.size(), self.world.first_rank())
         };
         let Some(&rows) = batch.dims().first() else {
-            return Err(Error::Shape {
-                layer: "DataParallel".into(),
-                reason: format!(
+            return Err(Error::shape(
+                "DataParallel",
+                format!(
                     "a batch needs rows (a leading dimension) to split, got shape {}",
                     batch.shape()
                 ),
-            });
+            ));
         };
         if rows % n != 0 {
             return Err(Error::UnevenBatch {

@@ -29,16 +29,19 @@ pub enum Error {
     )]
     GraphFreed,
     /// A layer or function called with inputs of the wrong shape.
-    #[error("{layer}: {reason}")]
+    #[error("{layer}: {reason} (called at {at})")]
     Shape {
         /// The layer, e.g. `Linear(in=4, out=3)`.
         layer: String,
         /// What is wrong.
         reason: String,
+        /// The user's call (`file:line:column`).
+        at: String,
     },
     /// A checkpoint that does not match the parameter store.
     #[error(
-        "checkpoint does not match the model: missing [{missing}], unexpected [{unexpected}], mis-shaped [{mismatched}]"
+        "checkpoint does not match the model: {}",
+        mismatch(missing, unexpected, mismatched)
     )]
     Checkpoint {
         /// Parameters the checkpoint lacks.
@@ -78,4 +81,31 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+}
+
+/// The non-empty categories of a checkpoint mismatch.
+fn mismatch(missing: &str, unexpected: &str, mismatched: &str) -> String {
+    [
+        ("missing", missing),
+        ("unexpected", unexpected),
+        ("mis-shaped", mismatched),
+    ]
+    .iter()
+    .filter(|(_, names)| !names.is_empty())
+    .map(|(what, names)| format!("{what} [{names}]"))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+impl Error {
+    /// A [`Error::Shape`] of `layer`, at the caller's call (layers' methods
+    /// pass their caller's location on).
+    #[track_caller]
+    pub fn shape(layer: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::Shape {
+            layer: layer.into(),
+            reason: reason.into(),
+            at: std::panic::Location::caller().to_string(),
+        }
+    }
 }

@@ -167,10 +167,7 @@ impl Tensor {
         .into_iter();
         match (out.next(), out.next(), out.next()) {
             (Some(y), Some(m), Some(v)) => Ok((y, m, v)),
-            _ => Err(crate::Error::Shape {
-                layer: "batch_norm".into(),
-                reason: "expected three outputs".into(),
-            }),
+            _ => Err(crate::Error::shape("batch_norm", "expected three outputs")),
         }
     }
 

@@ -466,10 +466,7 @@ impl Tensor {
         let indices = out.pop();
         match (out.pop(), indices) {
             (Some(v), Some(i)) => Ok((v, i)),
-            _ => Err(crate::Error::Shape {
-                layer: "sort".into(),
-                reason: "expected values and indices".into(),
-            }),
+            _ => Err(crate::Error::shape("sort", "expected values and indices")),
         }
     }
 
@@ -487,10 +484,7 @@ impl Tensor {
         let indices = out.pop();
         match (out.pop(), indices) {
             (Some(v), Some(i)) => Ok((v, i)),
-            _ => Err(crate::Error::Shape {
-                layer: "topk".into(),
-                reason: "expected values and indices".into(),
-            }),
+            _ => Err(crate::Error::shape("topk", "expected values and indices")),
         }
     }
 

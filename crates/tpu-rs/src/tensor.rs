@@ -61,6 +61,17 @@ impl Tensor {
         shape: impl Into<Shape>,
         device: Device,
     ) -> Result<Tensor> {
+        let shape = shape.into();
+        if data.len() != shape.numel() {
+            return Err(tpu_core::Error::InvalidInput {
+                kind: tpu_core::op::OpErrorKind::Invalid,
+                op: "from_slice".into(),
+                inputs: format!("{} {} values", data.len(), T::DTYPE),
+                device: device.to_string(),
+                reason: format!("shape {shape} holds {} elements", shape.numel()),
+            }
+            .into());
+        }
         let host = HostBuffer::from_slice(data, shape)?;
         Tensor::from_host(HostTensor::from_buffer(&host), device)
     }
@@ -208,10 +219,10 @@ impl Tensor {
         let v = self.to_f64_vec()?;
         match v.as_slice() {
             [x] => Ok(*x),
-            _ => Err(Error::Shape {
-                layer: "item".into(),
-                reason: format!("needs a one-element tensor, got shape {}", self.shape()),
-            }),
+            _ => Err(Error::shape(
+                "item",
+                format!("needs a one-element tensor, got shape {}", self.shape()),
+            )),
         }
     }
 
@@ -219,10 +230,8 @@ impl Tensor {
     #[track_caller]
     pub fn to_ndarray<T: Element>(&self) -> Result<ArrayD<T>> {
         let values = self.to_vec::<T>()?;
-        ArrayD::from_shape_vec(self.dims(), values).map_err(|e| Error::Shape {
-            layer: "to_ndarray".into(),
-            reason: e.to_string(),
-        })
+        ArrayD::from_shape_vec(self.dims(), values)
+            .map_err(|e| Error::shape("to_ndarray", e.to_string()))
     }
 
     /// A copy on `device`; gradients flow back through the copy.
@@ -287,14 +296,14 @@ impl Tensor {
     #[track_caller]
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
         if grad.shape() != self.shape() {
-            return Err(Error::Shape {
-                layer: "backward".into(),
-                reason: format!(
+            return Err(Error::shape(
+                "backward",
+                format!(
                     "gradient of shape {} for a tensor of shape {}",
                     grad.shape(),
                     self.shape()
                 ),
-            });
+            ));
         }
         profile::at(Location::caller(), || autograd::backward(self, Some(grad)))
     }
@@ -355,10 +364,10 @@ impl Tensor {
     pub fn apply1(op: &str, inputs: &[&Tensor], attrs: Attrs) -> Result<Tensor> {
         let mut outs = Tensor::apply(op, inputs, attrs)?;
         if outs.len() != 1 {
-            return Err(Error::Shape {
-                layer: op.to_string(),
-                reason: format!("returned {} outputs where one was expected", outs.len()),
-            });
+            return Err(Error::shape(
+                op,
+                format!("returned {} outputs where one was expected", outs.len()),
+            ));
         }
         Ok(outs.remove(0))
     }

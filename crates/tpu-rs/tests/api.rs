@@ -64,11 +64,15 @@ fn layers_reject_wrong_shapes_with_their_name() -> Result<()> {
     let store = ParamStore::new(Device::Tpu(0), DType::F32, 0);
     let layer = Linear::new(&store.root().sub("fc"), 4, 3, true)?;
     let x = Tensor::zeros([2, 5], DType::F32, Device::Tpu(0))?;
+    let line = line!() + 1;
     match layer.forward(&x) {
-        Err(Error::Shape { layer, reason }) => {
+        Err(Error::Shape { layer, reason, at }) => {
             assert_eq!(layer, "Linear(in=4, out=3)");
             assert!(reason.contains("[2, 5]"), "{reason}");
+            // The user's call, not the layer's code.
+            assert!(at.starts_with(&format!("{}:{line}:", file!())), "{at}");
         }
+
         other => panic!("expected a shape error, got {other:?}"),
     }
     assert_eq!(
@@ -188,5 +192,26 @@ fn indices_out_of_range_raise_on_the_cpu_and_under_debug_only() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+#[test]
+fn errors_say_what_was_asked_for() -> Result<()> {
+    // A device this process lacks is named as asked for.
+    let err = Tensor::zeros([2], DType::F32, Device::Tpu(97)).unwrap_err();
+    assert!(err.to_string().contains("tpu:97 does not exist"), "{err}");
+    // Too few values are counted in elements.
+    let err = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [2, 2], Device::Cpu).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("3 f32 values") && text.contains("holds 4 elements"),
+        "{text}"
+    );
+    // A mode parsed from a string is not blamed on the environment.
+    let err = "fast".parse::<EagerMode>().unwrap_err().to_string();
+    assert!(
+        err.contains("\"fast\"") && !err.contains("TPU_RS_EAGER"),
+        "{err}"
+    );
     Ok(())
 }

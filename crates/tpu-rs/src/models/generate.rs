@@ -143,9 +143,7 @@ fn mix(seed: u64, step: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+#[track_caller]
 fn shape_error(reason: String) -> Error {
-    Error::Shape {
-        layer: "Gpt::generate".into(),
-        reason,
-    }
+    Error::shape("Gpt::generate", reason)
 }

@@ -54,6 +54,7 @@ impl Block {
         })
     }
 
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = (x + &self.attn.forward(&self.ln_1.forward(x)?)?)?;
         &x + &self.mlp.forward(&self.ln_2.forward(&x)?)?
@@ -116,22 +117,23 @@ impl Gpt {
     }
 
     /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (i64).
+    #[track_caller]
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
         let [_, t] = tokens.dims() else {
-            return Err(Error::Shape {
-                layer: "Gpt".into(),
-                reason: format!("expects token ids [batch, time], got {}", tokens.shape()),
-            });
+            return Err(Error::shape(
+                "Gpt",
+                format!("expects token ids [batch, time], got {}", tokens.shape()),
+            ));
         };
         let t = *t;
         if t == 0 || t > self.config.block_size {
-            return Err(Error::Shape {
-                layer: "Gpt".into(),
-                reason: format!(
+            return Err(Error::shape(
+                "Gpt",
+                format!(
                     "sequence length {t} is outside 1..={}",
                     self.config.block_size
                 ),
-            });
+            ));
         }
         let positions: Vec<i64> = (0..t as i64).collect();
         let positions = Tensor::from_slice(&positions, [t], tokens.device())?;

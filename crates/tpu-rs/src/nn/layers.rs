@@ -11,11 +11,8 @@ use crate::tensor::Tensor;
 /// Something with a forward pass.
 pub trait Module {
     /// Applies the layer.
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
-}
-
-fn shape_error(layer: String, reason: String) -> Error {
-    Error::Shape { layer, reason }
 }
 
 /// `y = x W^T + b` with `W: [out, in]` (PyTorch's layout).
@@ -47,9 +44,10 @@ impl Linear {
 }
 
 impl Module for Linear {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dims().last() != Some(&self.in_features) {
-            return Err(shape_error(
+            return Err(Error::shape(
                 format!("Linear(in={}, out={})", self.in_features, self.out_features),
                 format!(
                     "expects inputs with last dimension {}, got shape {}",
@@ -93,9 +91,10 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    #[track_caller]
     fn forward(&self, indices: &Tensor) -> Result<Tensor> {
         if indices.dtype().is_float() {
-            return Err(shape_error(
+            return Err(Error::shape(
                 format!("Embedding({})", self.num),
                 format!("indices must be integers, got {}", indices.dtype()),
             ));
@@ -127,9 +126,10 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dims().last() != Some(&self.dim) {
-            return Err(shape_error(
+            return Err(Error::shape(
                 format!("LayerNorm({})", self.dim),
                 format!("got shape {}", x.shape()),
             ));
@@ -165,9 +165,10 @@ impl RmsNorm {
 }
 
 impl Module for RmsNorm {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dims().last() != Some(&self.dim) {
-            return Err(shape_error(
+            return Err(Error::shape(
                 format!("RmsNorm({})", self.dim),
                 format!("got shape {}", x.shape()),
             ));
@@ -205,8 +206,8 @@ impl Conv2d {
         bias: bool,
     ) -> Result<Conv2d> {
         if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
-            return Err(shape_error(
-                "Conv2d".into(),
+            return Err(Error::shape(
+                "Conv2d",
                 format!(
                     "{in_channels} -> {out_channels} channels do not split into {groups} groups"
                 ),
@@ -234,9 +235,10 @@ impl Conv2d {
 }
 
 impl Module for Conv2d {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() != 4 || x.dims()[1] != self.in_channels {
-            return Err(shape_error(
+            return Err(Error::shape(
                 format!("Conv2d(in={})", self.in_channels),
                 format!(
                     "expects NCHW with C={}, got shape {}",
@@ -277,6 +279,7 @@ impl Dropout {
 }
 
 impl Module for Dropout {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !self.store.is_training() || self.p == 0.0 {
             return Ok(x.clone());

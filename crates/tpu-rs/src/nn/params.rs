@@ -193,13 +193,8 @@ impl Path {
                 })
                 .collect(),
         };
-        let host =
-            tpu_core::HostTensor::from_f64(self.store.dtype(), shape, values).ok_or_else(|| {
-                crate::Error::Shape {
-                    layer: name.into(),
-                    reason: "bad parameter shape".into(),
-                }
-            })?;
+        let host = tpu_core::HostTensor::from_f64(self.store.dtype(), shape, values)
+            .ok_or_else(|| crate::Error::shape(name, "bad parameter shape"))?;
         let t = Tensor::from_host(host, self.store.device())?;
         Ok(self.store.insert(self.name(name), t))
     }

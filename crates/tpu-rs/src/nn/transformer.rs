@@ -22,12 +22,13 @@ pub struct CausalSelfAttention {
 
 impl CausalSelfAttention {
     /// `heads` heads over `channels` channels (`channels % heads == 0`).
+    #[track_caller]
     pub fn new(path: &Path, channels: usize, heads: usize) -> Result<CausalSelfAttention> {
         if heads == 0 || channels % heads != 0 {
-            return Err(Error::Shape {
-                layer: "CausalSelfAttention".into(),
-                reason: format!("{channels} channels do not split into {heads} heads"),
-            });
+            return Err(Error::shape(
+                "CausalSelfAttention",
+                format!("{channels} channels do not split into {heads} heads"),
+            ));
         }
         Ok(CausalSelfAttention {
             c_attn: Linear::new(&path.sub("c_attn"), channels, 3 * channels, true)?,
@@ -39,19 +40,20 @@ impl CausalSelfAttention {
 
     /// Queries, keys and values `[batch, heads, time, head_dim]` of `x`
     /// (`[batch, time, channels]`).
+    #[track_caller]
     fn heads_of(&self, x: &Tensor) -> Result<[Tensor; 3]> {
         let [b, t, c] = x.dims() else {
-            return Err(Error::Shape {
-                layer: "CausalSelfAttention".into(),
-                reason: format!("expects [batch, time, channels], got {}", x.shape()),
-            });
+            return Err(Error::shape(
+                "CausalSelfAttention",
+                format!("expects [batch, time, channels], got {}", x.shape()),
+            ));
         };
         let (b, t, c) = (*b as i64, *t as i64, *c as i64);
         if c as usize != self.channels {
-            return Err(Error::Shape {
-                layer: "CausalSelfAttention".into(),
-                reason: format!("expects {} channels, got {c}", self.channels),
-            });
+            return Err(Error::shape(
+                "CausalSelfAttention",
+                format!("expects {} channels, got {c}", self.channels),
+            ));
         }
         let h = self.heads as i64;
         let qkv = self.c_attn.forward(x)?;
@@ -73,6 +75,7 @@ impl CausalSelfAttention {
 }
 
 impl Module for CausalSelfAttention {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [q, k, v] = self.heads_of(x)?;
         let y = Tensor::apply1(
@@ -158,6 +161,7 @@ impl Mlp {
 }
 
 impl Module for Mlp {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.c_proj.forward(&self.c_fc.forward(x)?.gelu(true)?)
     }
