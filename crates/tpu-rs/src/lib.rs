@@ -25,11 +25,13 @@ pub mod models;
 pub mod nn;
 mod ops;
 pub mod optim;
+mod random;
 mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
 pub use functional::Window;
+pub use random::{Generator, manual_seed};
 pub use tensor::Tensor;
 pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
 pub use tpu_core::op::{Attrs, OpErrorKind};
