@@ -257,6 +257,9 @@ fn reduce_attrs(dims: &[i64], keepdim: bool) -> Attrs {
     }
 }
 
+/// `$trait` for every pairing of a tensor (owned or borrowed) with a
+/// tensor or an `f64` (on either side): `&a + &b`, `a + b`, `&a + b`,
+/// `a + &b`, `&a + 1.0`, `a - 1.0`, `2.0 * &a`, `2.0 * a`.
 macro_rules! operator {
     ($trait:ident, $method:ident, $op:literal) => {
         impl $trait<&Tensor> for &Tensor {
@@ -270,7 +273,21 @@ macro_rules! operator {
             type Output = Result<Tensor>;
             #[track_caller]
             fn $method(self, rhs: Tensor) -> Result<Tensor> {
-                Tensor::apply1($op, &[&self, &rhs], Attrs::new())
+                $trait::$method(&self, &rhs)
+            }
+        }
+        impl $trait<&Tensor> for Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                $trait::$method(&self, rhs)
+            }
+        }
+        impl $trait<Tensor> for &Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Result<Tensor> {
+                $trait::$method(self, &rhs)
             }
         }
         impl $trait<f64> for &Tensor {
@@ -279,6 +296,28 @@ macro_rules! operator {
             fn $method(self, rhs: f64) -> Result<Tensor> {
                 let rhs = Tensor::scalar(rhs, self.dtype(), self.device())?;
                 Tensor::apply1($op, &[self, &rhs], Attrs::new())
+            }
+        }
+        impl $trait<f64> for Tensor {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $method(self, rhs: f64) -> Result<Tensor> {
+                $trait::$method(&self, rhs)
+            }
+        }
+        impl $trait<&Tensor> for f64 {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $method(self, rhs: &Tensor) -> Result<Tensor> {
+                let lhs = Tensor::scalar(self, rhs.dtype(), rhs.device())?;
+                Tensor::apply1($op, &[&lhs, rhs], Attrs::new())
+            }
+        }
+        impl $trait<Tensor> for f64 {
+            type Output = Result<Tensor>;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Result<Tensor> {
+                $trait::$method(self, &rhs)
             }
         }
     };
@@ -294,6 +333,14 @@ impl Neg for &Tensor {
     #[track_caller]
     fn neg(self) -> Result<Tensor> {
         Tensor::apply1("neg", &[self], Attrs::new())
+    }
+}
+
+impl Neg for Tensor {
+    type Output = Result<Tensor>;
+    #[track_caller]
+    fn neg(self) -> Result<Tensor> {
+        -&self
     }
 }
 

@@ -215,3 +215,26 @@ fn errors_say_what_was_asked_for() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn arithmetic_takes_tensors_owned_or_borrowed_and_numbers_on_either_side() -> Result<()> {
+    let x = || Tensor::from_slice(&[1.0f32, 2.0], [2], Device::Tpu(0));
+    let y = || Tensor::from_slice(&[3.0f32, 5.0], [2], Device::Tpu(0));
+    let cases = [
+        ((&x()? + &y()?)?, [4.0, 7.0]),
+        ((x()? + y()?)?, [4.0, 7.0]),
+        ((&x()? * y()?)?, [3.0, 10.0]),
+        ((x()? - &y()?)?, [-2.0, -3.0]),
+        ((&x()? * 2.0)?, [2.0, 4.0]),
+        ((x()? - 1.0)?, [0.0, 1.0]),
+        ((2.0 * &x()?)?, [2.0, 4.0]),
+        ((10.0 / x()?)?, [10.0, 5.0]),
+        ((1.0 - x()?)?, [0.0, -1.0]),
+        ((-x()?)?, [-1.0, -2.0]),
+    ];
+    for (i, (got, want)) in cases.iter().enumerate() {
+        assert_eq!(got.to_f64_vec()?, want, "case {i}");
+        assert_eq!(got.dtype(), DType::F32, "case {i}");
+    }
+    Ok(())
+}
