@@ -388,7 +388,7 @@ fn main() -> Result<()> {
             }
         }
         Ok(())
-    })??;
+    })?;
     let secs = started.elapsed().as_secs_f64();
     if !leader {
         return Ok(());

@@ -57,9 +57,9 @@ fn compare(
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let (strict, strict_peak) =
-        with_eager_mode(EagerMode::Strict, || measure(warmup, iters, &mut f))??;
+        with_eager_mode(EagerMode::Strict, || measure(warmup, iters, &mut f))?;
     let (fused, fused_peak) =
-        with_eager_mode(EagerMode::DeferAndFuse, || measure(warmup, iters, &mut f))??;
+        with_eager_mode(EagerMode::DeferAndFuse, || measure(warmup, iters, &mut f))?;
     println!(
         "{name:<34} strict {:>9.3} ms  defer {:>9.3} ms  speed-up {:>5.2}x   peak MiB strict {:>7.2} defer {:>7.2}",
         strict.as_secs_f64() * 1e3,
@@ -131,7 +131,7 @@ fn per_op_overhead(shape: &[usize]) -> Result<()> {
             std::hint::black_box(add(&a, &b)?);
         }
         Ok(started.elapsed() / n)
-    })??;
+    })?;
     println!(
         "{:<34} floor  {:>9.2} us  strict {:>9.2} us  overhead {:>5.2}x the floor",
         format!("per-op dispatch (add, f32 {shape:?})"),

@@ -61,7 +61,7 @@ fn measure(config: GptConfig, mode: EagerMode) -> Result<(f64, f64)> {
         }
         times.sort_by(f64::total_cmp);
         Ok((times[1] * 1e3 / NEW as f64, programs))
-    })?
+    })
 }
 
 /// PyTorch CPU eager's ms/token, or why there is none.

@@ -102,7 +102,7 @@ fn measure(mode: EagerMode) -> Result<Run> {
             trace,
             execute,
         })
-    })?
+    })
 }
 
 /// PyTorch CPU eager's tokens/s on the same model, or why there is none.

@@ -63,5 +63,5 @@ fn main() -> Result<()> {
             on.as_secs_f64() / op
         );
         Ok(())
-    })?
+    })
 }

@@ -96,7 +96,7 @@ fn soak(mode: EagerMode, steps: usize, every: usize, warmup: usize) -> Result<St
             }
         }
         Ok(rows)
-    })??;
+    })?;
     let verdict = verdict(&rows, warmup);
     println!("verdict ({mode}, after step {warmup}): {verdict}");
     Ok(verdict)

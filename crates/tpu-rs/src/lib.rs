@@ -36,7 +36,7 @@ pub use tensor::Tensor;
 pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
 pub use tpu_core::op::{Attrs, OpErrorKind};
 pub use tpu_core::pjrt::discovery;
-pub use tpu_core::policy::{EagerMode, sync, with_eager_mode, with_policy_named};
+pub use tpu_core::policy::{EagerMode, sync, with_policy_named};
 pub use tpu_core::profile;
 pub use tpu_core::program_record;
 pub use tpu_core::{
@@ -48,6 +48,13 @@ pub use tpu_core::{
 /// The names most programs need.
 pub mod prelude {
     pub use crate::{DType, Device, EagerMode, Tensor, no_grad, with_eager_mode};
+}
+
+/// Runs `f` under eager mode `mode` on this thread; `f`'s error and the
+/// mode's own (an unknown setting, a failed flush) come back as one
+/// `Result`.
+pub fn with_eager_mode<T>(mode: EagerMode, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    tpu_core::policy::with_eager_mode(mode, f)?
 }
 
 /// References the op and policy crates so their records are linked in.

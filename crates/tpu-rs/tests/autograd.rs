@@ -80,7 +80,7 @@ fn gradients_of_a_composite_function_match_finite_differences() -> Result<()> {
                 }
             }
             Ok(())
-        })??;
+        })?;
     }
     Ok(())
 }

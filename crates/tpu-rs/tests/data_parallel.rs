@@ -222,7 +222,7 @@ fn an_mlp_on_2_and_4_devices_trains_as_on_one() -> Result<()> {
             let what = format!("{mode} mlp adamw x4");
             mlp_data_parallel(adamw, 4, 1024, &batches, &want, &what)?;
             Ok(())
-        })??;
+        })?;
     }
     Ok(())
 }
@@ -346,7 +346,7 @@ fn the_small_gpt_on_2_and_4_devices_trains_as_on_one() -> Result<()> {
             let what = format!("{mode} gpt adamw x2");
             gpt_data_parallel(gpt_adamw, local(2)?, &batches, &want, false, &what)?;
             Ok(())
-        })??;
+        })?;
     }
     Ok(())
 }
@@ -446,7 +446,7 @@ fn rank_of_a_data_parallel_job() -> Result<()> {
                 assert_same_params(dp.store(), params, &what)?;
             }
             Ok(())
-        })??;
+        })?;
     }
     println!("{RANK_DONE}");
     Ok(())

@@ -35,7 +35,7 @@ fn generation_reuses_its_programs_every_step() -> Result<()> {
                 "{mode:?}: {built} programs built for 9 more tokens"
             );
             Ok(())
-        })??;
+        })?;
     }
     Ok(())
 }

@@ -276,6 +276,7 @@ fn device_out_of_memory_is_an_error_and_the_next_op_works() {
                 y, 12.0,
                 "{mode}: the device works after running out of memory"
             );
+            Ok(())
         })
         .unwrap();
     }

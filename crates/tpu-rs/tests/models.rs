@@ -65,7 +65,7 @@ fn training_reduces_the_loss_under_every_eager_mode() -> Result<()> {
             }
             assert!(losses[24] < 0.7 * losses[0], "{mode}: {losses:?}");
             Ok(())
-        })??;
+        })?;
     }
     Ok(())
 }
@@ -189,7 +189,7 @@ fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
             model
                 .generate(&prompt, c.block_size - 5, Sampling::Greedy)?
                 .to_vec::<i64>()
-        })??;
+        })?;
         assert_eq!(got, greedy, "{mode:?}");
     }
     Ok(())

@@ -53,7 +53,7 @@ fn a_gpt_runs_trace_has_compiles_launches_transfers_and_cuts_from_this_file() ->
     let path = dir.join("trace.json");
     profile::record(&path, || {
         with_eager_mode(EagerMode::DeferAndFuse, || train_a_few_steps(3))
-    })???;
+    })??;
     let events = events(&path);
 
     let compiles = of(&events, "compile");
@@ -142,7 +142,7 @@ fn a_changed_batch_size_is_a_recompile_that_names_the_dimension() -> Result<()> 
             }
             Ok(())
         })
-    })???;
+    })??;
     let after = tpu_rs::metrics().recompiles(RecompileReason::InputShape);
     assert!(
         after > before,
@@ -169,7 +169,7 @@ fn the_cli_summarizes_a_trace_and_plots_its_memory() -> Result<()> {
     let path = dir.join("run.json");
     profile::record(&path, || {
         with_eager_mode(EagerMode::Strict, || train_a_few_steps(1))
-    })???;
+    })??;
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpu-rs"))
         .args(["trace", "summary"])
         .arg(&path)

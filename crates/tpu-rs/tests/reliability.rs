@@ -52,7 +52,7 @@ fn threads_sharing_a_device_each_get_their_own_answers() {
         std::thread::scope(|s| {
             for k in 0..4 {
                 s.spawn(move || {
-                    with_eager_mode(mode, || thread_work(k)).unwrap().unwrap();
+                    with_eager_mode(mode, || thread_work(k)).unwrap();
                 });
             }
         });
