@@ -17,6 +17,7 @@
 
 mod autograd;
 pub mod checkpoint;
+pub mod data;
 mod display;
 pub mod dist;
 mod error;

@@ -33,16 +33,16 @@ impl Generator {
 
     /// The next draw's key (a `u32[2]` tensor on `device`).
     pub fn key(&mut self, device: Device) -> Result<Tensor> {
-        Tensor::random_key(self.next(), device)
+        Tensor::random_key(self.next_u64(), device)
     }
 
     /// A generator of its own, seeded from this one's next draw: the two
     /// streams are independent (JAX's key splitting, on the host).
     pub fn split(&mut self) -> Generator {
-        Generator::new(self.next())
+        Generator::new(self.next_u64())
     }
 
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.drawn += 1;
         splitmix(self.seed ^ splitmix(self.drawn))
     }
