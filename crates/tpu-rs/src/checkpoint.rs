@@ -9,6 +9,7 @@ use tpu_core::{DType, HostBuffer, HostTensor, Shape};
 
 use crate::error::{Error, Result};
 use crate::nn::ParamStore;
+use crate::optim::Optimizer;
 use crate::tensor::Tensor;
 
 fn to_safetensors(d: DType) -> Dtype {
@@ -93,6 +94,17 @@ pub fn load_tensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, HostTenso
             Ok((name, HostTensor::from_buffer(&host)))
         })
         .collect()
+}
+
+/// Saves `optimizer`'s state ([`Optimizer::state`]): with [`save`] of the
+/// parameters, what resuming training needs.
+pub fn save_optimizer(optimizer: &dyn Optimizer, path: impl AsRef<Path>) -> Result<()> {
+    save_tensors(&optimizer.state()?, path)
+}
+
+/// Restores `optimizer`'s state from a file [`save_optimizer`] wrote.
+pub fn load_optimizer(optimizer: &mut dyn Optimizer, path: impl AsRef<Path>) -> Result<()> {
+    optimizer.load_state(&load_tensors(path)?)
 }
 
 /// Saves every parameter of `store` under its name.

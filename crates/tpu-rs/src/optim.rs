@@ -3,10 +3,11 @@
 //! step-dependent number (learning rate, bias corrections) enters as a
 //! rank-0 tensor, so a changing schedule never recompiles a fused step.
 
+use std::collections::BTreeMap;
 use std::panic::Location;
 
 use tpu_core::policy::{self, EagerMode};
-use tpu_core::profile;
+use tpu_core::{DType, Device, HostTensor, profile};
 
 use crate::autograd::no_grad;
 use crate::error::Result;
@@ -23,6 +24,53 @@ pub trait Optimizer {
     fn zero_grad(&self);
     /// Sets the learning rate for later steps.
     fn set_lr(&mut self, lr: f64);
+    /// The per-parameter state, named as PyTorch's `optimizer.state_dict()`
+    /// names it (`state.{i}.exp_avg` for the `i`-th parameter given to the
+    /// optimizer), with step counts as rank-0 tensors: with the parameters,
+    /// what resuming a run needs ([`crate::checkpoint::save_optimizer`]).
+    fn state(&self) -> Result<Vec<(String, Tensor)>>;
+    /// Restores what [`Optimizer::state`] gave; the names must match this
+    /// optimizer's parameters (a name it does not know is an error, and
+    /// nothing changes).
+    fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()>;
+}
+
+/// An error naming every name of `state` that is not `known`.
+fn take_state(state: &BTreeMap<String, HostTensor>, known: &[String]) -> Result<()> {
+    let unknown: Vec<&String> = state.keys().filter(|k| !known.contains(k)).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(crate::Error::Checkpoint {
+        missing: String::new(),
+        unexpected: unknown
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        mismatched: String::new(),
+    })
+}
+
+/// `state`'s tensor `name`, on `like`'s device and in its dtype.
+fn restored(
+    state: &BTreeMap<String, HostTensor>,
+    name: &str,
+    like: &Tensor,
+) -> Result<Option<Tensor>> {
+    state
+        .get(name)
+        .map(|h| {
+            if h.shape() != *like.shape() {
+                return Err(crate::Error::Checkpoint {
+                    missing: String::new(),
+                    unexpected: String::new(),
+                    mismatched: format!("{name}: {} vs {}", h.shape(), like.shape()),
+                });
+            }
+            Tensor::from_host(h.cast(like.dtype()), like.device())
+        })
+        .transpose()
 }
 
 fn scalar_for(p: &Tensor, value: f64) -> Result<Tensor> {
@@ -116,6 +164,30 @@ impl Optimizer for Sgd {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self
+            .velocity
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| Some((format!("state.{i}.momentum_buffer"), v.clone()?)))
+            .collect())
+    }
+
+    fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
+        let names: Vec<String> = (0..self.params.len())
+            .map(|i| format!("state.{i}.momentum_buffer"))
+            .collect();
+        take_state(state, &names)?;
+        let velocity = self
+            .params
+            .iter()
+            .zip(&names)
+            .map(|(p, name)| restored(state, name, &p.get()))
+            .collect::<Result<Vec<_>>>()?;
+        self.velocity = velocity;
+        Ok(())
+    }
 }
 
 /// Adam with decoupled weight decay.
@@ -189,6 +261,57 @@ impl Optimizer for AdamW {
 
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
+    }
+
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut state = Vec::new();
+        for (i, (m, v)) in self
+            .moments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, mv)| Some((i, mv.as_ref()?)))
+        {
+            let step = Tensor::scalar(f64::from(self.steps), DType::F32, Device::Cpu)?;
+            state.push((format!("state.{i}.step"), step));
+            state.push((format!("state.{i}.exp_avg"), m.clone()));
+            state.push((format!("state.{i}.exp_avg_sq"), v.clone()));
+        }
+        Ok(state)
+    }
+
+    fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
+        let name = |i: usize, what: &str| format!("state.{i}.{what}");
+        let known: Vec<String> = (0..self.params.len())
+            .flat_map(|i| ["step", "exp_avg", "exp_avg_sq"].map(|w| name(i, w)))
+            .collect();
+        take_state(state, &known)?;
+        let mut moments = Vec::with_capacity(self.params.len());
+        let mut steps = None;
+        for (i, p) in self.params.iter().enumerate() {
+            let value = p.get();
+            let m = restored(state, &name(i, "exp_avg"), &value)?;
+            let v = restored(state, &name(i, "exp_avg_sq"), &value)?;
+            let step = state.get(&name(i, "step")).map(|s| s.to_f64().sum() as u32);
+            match (m, v, step) {
+                (Some(m), Some(v), Some(step)) if steps.is_none_or(|s| s == step) => {
+                    steps = Some(step);
+                    moments.push(Some((m, v)));
+                }
+                (None, None, None) => moments.push(None),
+                _ => {
+                    return Err(crate::Error::Checkpoint {
+                        missing: String::new(),
+                        unexpected: String::new(),
+                        mismatched: format!(
+                            "state.{i}: needs step, exp_avg and exp_avg_sq, with one step count for every parameter"
+                        ),
+                    });
+                }
+            }
+        }
+        self.moments = moments;
+        self.steps = steps.unwrap_or(0);
+        Ok(())
     }
 }
 
