@@ -1,5 +1,6 @@
-//! Optimizers (SGD with momentum and weight decay, AdamW), a cosine
-//! learning-rate schedule with warmup, and gradient-norm clipping. Every
+//! Optimizers (SGD with momentum, Nesterov and weight decay; Adam and
+//! AdamW; RMSprop), a cosine learning-rate schedule with warmup, and
+//! gradient-norm clipping. Every
 //! step-dependent number (learning rate, bias corrections) enters as a
 //! rank-0 tensor, so a changing schedule never recompiles a fused step.
 
@@ -110,6 +111,8 @@ pub struct Sgd {
     pub momentum: f64,
     /// L2 penalty added to the gradient.
     pub weight_decay: f64,
+    /// Nesterov momentum: the step looks ahead along the velocity.
+    pub nesterov: bool,
     velocity: Vec<Option<Tensor>>,
 }
 
@@ -122,8 +125,15 @@ impl Sgd {
             lr,
             momentum,
             weight_decay,
+            nesterov: false,
             velocity,
         }
+    }
+
+    /// With Nesterov momentum (PyTorch's `nesterov=True`).
+    pub fn with_nesterov(mut self, nesterov: bool) -> Sgd {
+        self.nesterov = nesterov;
+        self
     }
 }
 
@@ -144,10 +154,14 @@ impl Optimizer for Sgd {
                                 Some(prev) => {
                                     (&(&prev * &scalar_for(&value, self.momentum)?)? + &g)?
                                 }
-                                None => g,
+                                None => g.clone(),
                             };
                             *v = Some(next.clone());
-                            g = next;
+                            g = if self.nesterov {
+                                (&g + &(&next * &scalar_for(&value, self.momentum)?)?)?
+                            } else {
+                                next
+                            };
                         }
                         p.set(&(&value - &(&g * &scalar_for(&value, self.lr)?)?)?);
                     }
@@ -199,8 +213,11 @@ pub struct AdamW {
     pub betas: (f64, f64),
     /// Denominator guard.
     pub eps: f64,
-    /// Decoupled weight decay.
+    /// Weight decay: decoupled from the gradient (AdamW), or added to it
+    /// as an L2 penalty (Adam, see [`AdamW::adam`]).
     pub weight_decay: f64,
+    /// Whether the weight decay is decoupled (AdamW) or L2 (Adam).
+    pub decoupled: bool,
     moments: Vec<Option<(Tensor, Tensor)>>,
     steps: u32,
 }
@@ -215,8 +232,18 @@ impl AdamW {
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay,
+            decoupled: true,
             moments,
             steps: 0,
+        }
+    }
+
+    /// Adam (PyTorch's `torch.optim.Adam`): the weight decay is an L2
+    /// penalty added to the gradient.
+    pub fn adam(params: Vec<Parameter>, lr: f64, weight_decay: f64) -> AdamW {
+        AdamW {
+            decoupled: false,
+            ..AdamW::new(params, lr, weight_decay)
         }
     }
 }
@@ -233,8 +260,16 @@ impl Optimizer for AdamW {
                 as_one_graph(|| {
                     for (p, state) in self.params.iter().zip(&mut self.moments) {
                         let value = p.get();
-                        let Some(g) = value.grad() else { continue };
+                        let Some(mut g) = value.grad() else { continue };
                         let s = |x: f64| scalar_for(&value, x);
+                        let decay = if self.decoupled {
+                            self.weight_decay
+                        } else {
+                            0.0
+                        };
+                        if !self.decoupled && self.weight_decay != 0.0 {
+                            g = (&g + &(&value * &s(self.weight_decay)?)?)?;
+                        }
                         let (m, v) = match state.take() {
                             Some((m, v)) => (
                                 (&(&m * &s(b1)?)? + &(&g * &s(1.0 - b1)?)?)?,
@@ -245,7 +280,7 @@ impl Optimizer for AdamW {
                         let m_hat = (&m / &s(c1)?)?;
                         let v_hat = (&v / &s(c2)?)?;
                         let denom = (&v_hat.sqrt()? + &s(self.eps)?)?;
-                        let update = (&(&m_hat / &denom)? + &(&value * &s(self.weight_decay)?)?)?;
+                        let update = (&(&m_hat / &denom)? + &(&value * &s(decay)?)?)?;
                         p.set(&(&value - &(&update * &s(self.lr)?)?)?);
                         *state = Some((m, v));
                     }
@@ -311,6 +346,112 @@ impl Optimizer for AdamW {
         }
         self.moments = moments;
         self.steps = steps.unwrap_or(0);
+        Ok(())
+    }
+}
+
+/// RMSprop, as PyTorch's `torch.optim.RMSprop` without momentum or
+/// centering: each parameter steps by its gradient over the root of a
+/// running mean of its squares.
+pub struct RmsProp {
+    params: Vec<Parameter>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Decay of the running mean of squared gradients.
+    pub alpha: f64,
+    /// Denominator guard.
+    pub eps: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    square_avg: Vec<Option<Tensor>>,
+    steps: u32,
+}
+
+impl RmsProp {
+    /// RMSprop over `params` with PyTorch's defaults (alpha 0.99, eps 1e-8).
+    pub fn new(params: Vec<Parameter>, lr: f64, weight_decay: f64) -> RmsProp {
+        let square_avg = vec![None; params.len()];
+        RmsProp {
+            params,
+            lr,
+            alpha: 0.99,
+            eps: 1e-8,
+            weight_decay,
+            square_avg,
+            steps: 0,
+        }
+    }
+}
+
+impl Optimizer for RmsProp {
+    #[track_caller]
+    fn step(&mut self) -> Result<()> {
+        self.steps += 1;
+        profile::at(Location::caller(), || {
+            no_grad(|| {
+                as_one_graph(|| {
+                    for (p, avg) in self.params.iter().zip(&mut self.square_avg) {
+                        let value = p.get();
+                        let Some(mut g) = value.grad() else { continue };
+                        let s = |x: f64| scalar_for(&value, x);
+                        if self.weight_decay != 0.0 {
+                            g = (&g + &(&value * &s(self.weight_decay)?)?)?;
+                        }
+                        let fresh = (&(&g * &g)? * &s(1.0 - self.alpha)?)?;
+                        let v = match avg.take() {
+                            Some(v) => (&(&v * &s(self.alpha)?)? + &fresh)?,
+                            None => fresh,
+                        };
+                        let denom = (&v.sqrt()? + &s(self.eps)?)?;
+                        p.set(&(&value - &(&(&g / &denom)? * &s(self.lr)?)?)?);
+                        *avg = Some(v);
+                    }
+                    end_of_step()
+                })
+            })
+        })
+    }
+
+    fn zero_grad(&self) {
+        clear(&self.params);
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut state = Vec::new();
+        for (i, v) in self
+            .square_avg
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| Some((i, v.as_ref()?)))
+        {
+            let step = Tensor::scalar(f64::from(self.steps), DType::F32, Device::Cpu)?;
+            state.push((format!("state.{i}.step"), step));
+            state.push((format!("state.{i}.square_avg"), v.clone()));
+        }
+        Ok(state)
+    }
+
+    fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
+        let name = |i: usize, what: &str| format!("state.{i}.{what}");
+        let known: Vec<String> = (0..self.params.len())
+            .flat_map(|i| ["step", "square_avg"].map(|w| name(i, w)))
+            .collect();
+        take_state(state, &known)?;
+        let square_avg = self
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| restored(state, &name(i, "square_avg"), &p.get()))
+            .collect::<Result<Vec<_>>>()?;
+        let steps = (0..self.params.len())
+            .find_map(|i| state.get(&name(i, "step")))
+            .map_or(0, |s| s.to_f64().sum() as u32);
+        self.square_avg = square_avg;
+        self.steps = steps;
         Ok(())
     }
 }

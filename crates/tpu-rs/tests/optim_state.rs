@@ -3,7 +3,7 @@
 //! that never stopped.
 
 use tpu_rs::nn::{Linear, Module, ParamStore, mse};
-use tpu_rs::optim::{AdamW, Optimizer, Sgd};
+use tpu_rs::optim::{AdamW, Optimizer, RmsProp, Sgd};
 use tpu_rs::prelude::*;
 use tpu_rs::{Result, checkpoint};
 
@@ -13,16 +13,19 @@ struct Run {
     opt: Box<dyn Optimizer>,
 }
 
-fn run(adam: bool) -> Result<Run> {
+/// The optimizers resumed: AdamW, SGD with momentum, RMSprop.
+const KINDS: [&str; 3] = ["adamw", "sgd", "rmsprop"];
+
+fn run(kind: &str) -> Result<Run> {
     let store = ParamStore::new(Device::Tpu(0), DType::F32, 3);
     let layers = [
         Linear::new(&store.root().sub("0"), 4, 8, true)?,
         Linear::new(&store.root().sub("1"), 8, 1, true)?,
     ];
-    let opt: Box<dyn Optimizer> = if adam {
-        Box::new(AdamW::new(store.parameters(), 1e-2, 0.01))
-    } else {
-        Box::new(Sgd::new(store.parameters(), 1e-2, 0.9, 0.0))
+    let opt: Box<dyn Optimizer> = match kind {
+        "adamw" => Box::new(AdamW::new(store.parameters(), 1e-2, 0.01)),
+        "sgd" => Box::new(Sgd::new(store.parameters(), 1e-2, 0.9, 0.0)),
+        _ => Box::new(RmsProp::new(store.parameters(), 1e-3, 0.0)),
     };
     Ok(Run { store, layers, opt })
 }
@@ -53,51 +56,51 @@ fn a_run_resumed_from_its_checkpoint_equals_the_uninterrupted_one() -> Result<()
     let dir = std::env::temp_dir().join(format!("tpu-rs-resume-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for mode in [EagerMode::Strict, EagerMode::DeferAndFuse] {
-        for adam in [true, false] {
+        for kind in KINDS {
             with_eager_mode(mode, || {
-                let mut whole = run(adam)?;
+                let mut whole = run(kind)?;
                 let losses: Vec<f64> =
                     (0..6).map(|k| step(&mut whole, k)).collect::<Result<_>>()?;
 
-                let mut first = run(adam)?;
+                let mut first = run(kind)?;
                 for k in 0..3 {
                     step(&mut first, k)?;
                 }
                 checkpoint::save(&first.store, dir.join("model.safetensors"))?;
                 checkpoint::save_optimizer(first.opt.as_ref(), dir.join("optim.safetensors"))?;
                 let state: Vec<String> = first.opt.state()?.into_iter().map(|(n, _)| n).collect();
-                let expected = if adam {
-                    "state.0.exp_avg_sq"
-                } else {
-                    "state.0.momentum_buffer"
+                let expected = match kind {
+                    "adamw" => "state.0.exp_avg_sq",
+                    "sgd" => "state.0.momentum_buffer",
+                    _ => "state.0.square_avg",
                 };
                 assert!(state.iter().any(|n| n == expected), "{state:?}");
 
-                let mut resumed = run(adam)?;
+                let mut resumed = run(kind)?;
                 checkpoint::load(&resumed.store, dir.join("model.safetensors"))?;
                 checkpoint::load_optimizer(resumed.opt.as_mut(), dir.join("optim.safetensors"))?;
                 let rest: Vec<f64> = (3..6)
                     .map(|k| step(&mut resumed, k))
                     .collect::<Result<_>>()?;
-                assert_eq!(rest, losses[3..], "{mode:?} adam={adam}: losses");
+                assert_eq!(rest, losses[3..], "{mode:?} {kind}: losses");
                 assert_eq!(
                     parameters(&resumed)?,
                     parameters(&whole)?,
-                    "{mode:?} adam={adam}"
+                    "{mode:?} {kind}"
                 );
                 Ok(())
             })?;
         }
     }
     // A state file for another optimizer is refused, naming what it has.
-    let mut sgd = run(false)?;
-    let err = checkpoint::load_optimizer(sgd.opt.as_mut(), dir.join("optim.safetensors"));
-    assert!(err.is_ok(), "an SGD state loads into SGD");
-    let mut adam = run(true)?;
+    let mut rms = run("rmsprop")?;
+    let err = checkpoint::load_optimizer(rms.opt.as_mut(), dir.join("optim.safetensors"));
+    assert!(err.is_ok(), "an RMSprop state loads into RMSprop");
+    let mut adam = run("adamw")?;
     let err = checkpoint::load_optimizer(adam.opt.as_mut(), dir.join("optim.safetensors"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("momentum_buffer"), "{err}");
+    assert!(err.contains("square_avg"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

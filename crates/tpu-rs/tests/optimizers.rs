@@ -1,0 +1,123 @@
+//! Each optimizer against PyTorch's on the same problem: five steps on a
+//! weighted quadratic, the parameters after each step equal PyTorch's.
+
+use tpu_rs::Result;
+use tpu_rs::nn::{Init, ParamStore};
+use tpu_rs::optim::{AdamW, Optimizer, RmsProp, Sgd};
+use tpu_rs::prelude::*;
+
+const START: [f32; 5] = [0.5, -1.0, 2.0, 0.25, -0.75];
+const TARGET: [f32; 5] = [1.0, 0.0, -1.0, 2.0, 0.5];
+const COEF: [f32; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
+const STEPS: usize = 5;
+
+/// The optimizers compared, as PyTorch constructs them.
+const CASES: [&str; 5] = [
+    "torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)",
+    "torch.optim.SGD([w], lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)",
+    "torch.optim.Adam([w], lr=0.1, weight_decay=0.01)",
+    "torch.optim.AdamW([w], lr=0.1, weight_decay=0.01)",
+    "torch.optim.RMSprop([w], lr=0.01, weight_decay=0.01)",
+];
+
+fn ours(case: usize, params: Vec<tpu_rs::nn::Parameter>) -> Box<dyn Optimizer> {
+    match case {
+        0 => Box::new(Sgd::new(params, 0.1, 0.9, 0.01)),
+        1 => Box::new(Sgd::new(params, 0.1, 0.9, 0.01).with_nesterov(true)),
+        2 => Box::new(AdamW::adam(params, 0.1, 0.01)),
+        3 => Box::new(AdamW::new(params, 0.1, 0.01)),
+        _ => Box::new(RmsProp::new(params, 0.01, 0.01)),
+    }
+}
+
+fn trajectory(case: usize, device: Device) -> Result<Vec<Vec<f64>>> {
+    let store = ParamStore::new(device, DType::F32, 0);
+    let w = store.root().param("w", [5], Init::Zeros)?;
+    w.set(&Tensor::from_slice(&START, [5], device)?);
+    let mut opt = ours(case, store.parameters());
+    let target = Tensor::from_slice(&TARGET, [5], device)?;
+    let coef = Tensor::from_slice(&COEF, [5], device)?;
+    let mut out = Vec::new();
+    for _ in 0..STEPS {
+        let d = (&w.get() - &target)?;
+        let loss = (&(&d * &d)? * &coef)?.sum_all()?;
+        opt.zero_grad();
+        loss.backward()?;
+        opt.step()?;
+        out.push(w.get().to_f64_vec()?);
+    }
+    Ok(out)
+}
+
+fn python() -> Option<String> {
+    let candidates = [
+        std::env::var("TPU_RS_TORCH_PYTHON").ok(),
+        Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").to_string()),
+    ];
+    candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import torch"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// PyTorch's trajectory for each of [`CASES`], from one interpreter.
+fn pytorch(python: &str) -> Vec<Vec<Vec<f64>>> {
+    let script = format!(
+        "import json, torch\n\
+         runs = []\n\
+         for make in [{lambdas}]:\n\
+         \x20   w = torch.tensor({START:?}, requires_grad=True)\n\
+         \x20   target, coef = torch.tensor({TARGET:?}), torch.tensor({COEF:?})\n\
+         \x20   opt = make(w)\n\
+         \x20   out = []\n\
+         \x20   for _ in range({STEPS}):\n\
+         \x20       opt.zero_grad()\n\
+         \x20       ((w - target) ** 2 * coef).sum().backward()\n\
+         \x20       opt.step()\n\
+         \x20       out.append(w.tolist())\n\
+         \x20   runs.append(out)\n\
+         print(json.dumps(runs))\n",
+        lambdas = CASES.map(|c| format!("lambda w: {c}")).join(", ")
+    );
+    let out = std::process::Command::new(python)
+        .args(["-c", &script])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON list")
+}
+
+#[test]
+fn optimizers_step_as_pytorchs_do() -> Result<()> {
+    let Some(python) = python() else {
+        assert!(
+            std::env::var_os("TPU_RS_REQUIRE_TORCH").is_none(),
+            "TPU_RS_REQUIRE_TORCH is set but no Python with torch was found"
+        );
+        eprintln!("skipped: no Python with torch (set TPU_RS_TORCH_PYTHON)");
+        return Ok(());
+    };
+    let runs = pytorch(&python);
+    assert_eq!(runs.len(), CASES.len());
+    for (i, (case, want)) in CASES.iter().zip(&runs).enumerate() {
+        for device in [Device::Cpu, Device::Tpu(0)] {
+            let got = trajectory(i, device)?;
+            assert_eq!(got.len(), want.len());
+            for (step, (g, w)) in got.iter().zip(want).enumerate() {
+                for (a, b) in g.iter().zip(w) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{case} on {device}, step {step}: {g:?} vs {w:?}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
