@@ -1,5 +1,6 @@
 //! Optimizers (SGD with momentum, Nesterov and weight decay; Adam and
-//! AdamW; RMSprop), a cosine learning-rate schedule with warmup, and
+//! AdamW; RMSprop), learning-rate schedules (cosine with warmup, step,
+//! linear warmup, one-cycle) and the [`Scheduler`] that applies them, and
 //! gradient-norm clipping. Every
 //! step-dependent number (learning rate, bias corrections) enters as a
 //! rank-0 tensor, so a changing schedule never recompiles a fused step.
@@ -467,6 +468,137 @@ pub struct CosineSchedule {
     pub warmup_steps: usize,
     /// Total steps.
     pub total_steps: usize,
+}
+
+/// A learning rate for each step (0-based); [`Scheduler`] applies it.
+pub trait Schedule {
+    /// The learning rate at `step`.
+    fn lr(&self, step: usize) -> f64;
+}
+
+impl<S: Schedule + ?Sized> Schedule for Box<S> {
+    fn lr(&self, step: usize) -> f64 {
+        (**self).lr(step)
+    }
+}
+
+/// Drives an optimizer's learning rate from a [`Schedule`]: the first
+/// step's rate when made, the next one at each [`Scheduler::step`]
+/// (PyTorch's `scheduler.step()` after `optimizer.step()`).
+pub struct Scheduler<S> {
+    schedule: S,
+    step: usize,
+}
+
+impl<S: Schedule> Scheduler<S> {
+    /// Sets `optimizer`'s rate to the schedule's first.
+    pub fn new(schedule: S, optimizer: &mut dyn Optimizer) -> Scheduler<S> {
+        optimizer.set_lr(schedule.lr(0));
+        Scheduler { schedule, step: 0 }
+    }
+
+    /// Moves to the next step's rate.
+    pub fn step(&mut self, optimizer: &mut dyn Optimizer) {
+        self.step += 1;
+        optimizer.set_lr(self.schedule.lr(self.step));
+    }
+
+    /// The rate in force.
+    pub fn lr(&self) -> f64 {
+        self.schedule.lr(self.step)
+    }
+}
+
+/// `base_lr` times `gamma` every `step_size` steps (PyTorch's `StepLR`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSchedule {
+    /// The first rate.
+    pub base_lr: f64,
+    /// Steps between decays.
+    pub step_size: usize,
+    /// The factor of each decay.
+    pub gamma: f64,
+}
+
+impl Schedule for StepSchedule {
+    fn lr(&self, step: usize) -> f64 {
+        let decays = step / self.step_size.max(1);
+        self.base_lr * self.gamma.powi(i32::try_from(decays).unwrap_or(i32::MAX))
+    }
+}
+
+/// `base_lr` scaled from `start_factor` up to 1 over `warmup_steps`, then
+/// `base_lr` (PyTorch's `LinearLR` with `end_factor=1`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinearWarmup {
+    /// The rate after warmup.
+    pub base_lr: f64,
+    /// The first step's fraction of it.
+    pub start_factor: f64,
+    /// Steps of warmup.
+    pub warmup_steps: usize,
+}
+
+impl Schedule for LinearWarmup {
+    fn lr(&self, step: usize) -> f64 {
+        let done = step.min(self.warmup_steps) as f64 / self.warmup_steps.max(1) as f64;
+        self.base_lr * (self.start_factor + (1.0 - self.start_factor) * done)
+    }
+}
+
+/// The one-cycle policy (PyTorch's `OneCycleLR` with cosine annealing):
+/// from `max_lr / div_factor` up to `max_lr` over the first `pct_start` of
+/// the steps, then down to `max_lr / div_factor / final_div_factor`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OneCycle {
+    /// The peak rate.
+    pub max_lr: f64,
+    /// Steps in the cycle.
+    pub total_steps: usize,
+    /// The rising part's share of the steps.
+    pub pct_start: f64,
+    /// `max_lr` over the first rate.
+    pub div_factor: f64,
+    /// The first rate over the last.
+    pub final_div_factor: f64,
+}
+
+impl OneCycle {
+    /// PyTorch's defaults: 30% rising, from `max_lr / 25` to `max_lr / 25e4`.
+    pub fn new(max_lr: f64, total_steps: usize) -> OneCycle {
+        OneCycle {
+            max_lr,
+            total_steps,
+            pct_start: 0.3,
+            div_factor: 25.0,
+            final_div_factor: 1e4,
+        }
+    }
+}
+
+impl Schedule for OneCycle {
+    fn lr(&self, step: usize) -> f64 {
+        let initial = self.max_lr / self.div_factor;
+        let last = initial / self.final_div_factor;
+        let peak_at = self.pct_start * self.total_steps as f64 - 1.0;
+        let end_at = self.total_steps as f64 - 1.0;
+        let anneal = |from: f64, to: f64, pct: f64| {
+            to + (from - to) / 2.0 * ((std::f64::consts::PI * pct).cos() + 1.0)
+        };
+        let t = step as f64;
+        if peak_at > 0.0 && t <= peak_at {
+            anneal(initial, self.max_lr, t / peak_at)
+        } else {
+            let falling = (end_at - peak_at).max(1.0);
+            anneal(self.max_lr, last, ((t - peak_at) / falling).clamp(0.0, 1.0))
+        }
+    }
+}
+
+impl Schedule for CosineSchedule {
+    fn lr(&self, step: usize) -> f64 {
+        CosineSchedule::lr(self, step)
+    }
 }
 
 impl CosineSchedule {

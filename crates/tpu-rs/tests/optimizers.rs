@@ -3,7 +3,9 @@
 
 use tpu_rs::Result;
 use tpu_rs::nn::{Init, ParamStore};
-use tpu_rs::optim::{AdamW, Optimizer, RmsProp, Sgd};
+use tpu_rs::optim::{
+    AdamW, LinearWarmup, OneCycle, Optimizer, RmsProp, Schedule, Scheduler, Sgd, StepSchedule,
+};
 use tpu_rs::prelude::*;
 
 const START: [f32; 5] = [0.5, -1.0, 2.0, 0.25, -0.75];
@@ -117,6 +119,90 @@ fn optimizers_step_as_pytorchs_do() -> Result<()> {
                     );
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// PyTorch's learning rates over `steps` steps for each scheduler made by
+/// `makers` (Python expressions over an optimizer `opt` with rate 0.1).
+fn pytorch_rates(python: &str, makers: &[&str], steps: usize) -> Vec<Vec<f64>> {
+    let script = format!(
+        "import json, torch\n\
+         runs = []\n\
+         for make in [{}]:\n\
+         \x20   opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n\
+         \x20   sched = make(opt)\n\
+         \x20   rates = []\n\
+         \x20   for _ in range({steps}):\n\
+         \x20       rates.append(opt.param_groups[0]['lr'])\n\
+         \x20       opt.step()\n\
+         \x20       sched.step()\n\
+         \x20   runs.append(rates)\n\
+         print(json.dumps(runs))\n",
+        makers
+            .iter()
+            .map(|m| format!("lambda opt: {m}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let out = std::process::Command::new(python)
+        .args(["-c", &script])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON list")
+}
+
+#[test]
+fn schedules_give_pytorchs_rates() -> Result<()> {
+    let Some(python) = python() else {
+        assert!(
+            std::env::var_os("TPU_RS_REQUIRE_TORCH").is_none(),
+            "TPU_RS_REQUIRE_TORCH is set but no Python with torch was found"
+        );
+        eprintln!("skipped: no Python with torch (set TPU_RS_TORCH_PYTHON)");
+        return Ok(());
+    };
+    const STEPS: usize = 20;
+    let makers = [
+        "torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)",
+        "torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=6)",
+        "torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=20)",
+    ];
+    let ours: [Box<dyn Schedule>; 3] = [
+        Box::new(StepSchedule {
+            base_lr: 0.1,
+            step_size: 4,
+            gamma: 0.5,
+        }),
+        Box::new(LinearWarmup {
+            base_lr: 0.1,
+            start_factor: 0.25,
+            warmup_steps: 6,
+        }),
+        Box::new(OneCycle::new(0.1, 20)),
+    ];
+    let want = pytorch_rates(&python, &makers, STEPS);
+    for ((maker, schedule), want) in makers.iter().zip(ours).zip(&want) {
+        // Through a Scheduler driving an optimizer, as a training loop does.
+        let store = tpu_rs::nn::ParamStore::new(Device::Cpu, DType::F32, 0);
+        let mut opt = Sgd::new(store.parameters(), 1.0, 0.0, 0.0);
+        let mut scheduler = Scheduler::new(schedule, &mut opt);
+        let mut got = Vec::new();
+        for _ in 0..STEPS {
+            got.push(scheduler.lr());
+            scheduler.step(&mut opt);
+        }
+        for (step, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-9 * (1.0 + w.abs()),
+                "{maker}, step {step}: {got:?} vs {want:?}"
+            );
         }
     }
     Ok(())
