@@ -3,8 +3,8 @@
 
 use tpu_rs::Result;
 use tpu_rs::nn::{
-    Activation, AvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Module, ParamStore,
-    Sequential, mse,
+    Activation, AvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module,
+    ParamStore, Sequential, mse,
 };
 use tpu_rs::optim::{Optimizer, Sgd};
 use tpu_rs::prelude::*;
@@ -19,7 +19,16 @@ fn input(device: Device) -> Result<Tensor> {
 fn cnn(store: &ParamStore) -> Result<Sequential> {
     let root = store.root();
     Ok(Sequential::new()
-        .push(Conv2d::new(&root.sub("0"), 3, 4, 3, 1, 1, 1, true)?)
+        .push(Conv2d::new(
+            &root.sub("0"),
+            3,
+            4,
+            3,
+            Conv2dConfig {
+                padding: 1,
+                ..Conv2dConfig::default()
+            },
+        )?)
         .push(BatchNorm2d::new(&root.sub("1"), 4)?)
         .push(Activation::Relu)
         .push(MaxPool2d::new(2))
@@ -111,5 +120,31 @@ fn pooling_activation_and_flatten_shapes() -> Result<()> {
         Sequential::new().forward(&x)?.to_f64_vec()?,
         x.to_f64_vec()?
     );
+    Ok(())
+}
+
+#[test]
+fn a_configured_convolution_strides_dilates_and_groups_alike_everywhere() -> Result<()> {
+    let config = Conv2dConfig {
+        stride: 2,
+        padding: 1,
+        dilation: 2,
+        groups: 3,
+        bias: false,
+    };
+    let run = |device: Device| -> Result<(Vec<usize>, Vec<f64>)> {
+        let store = ParamStore::new(device, DType::F32, 4);
+        let conv = Conv2d::new(&store.root().sub("c"), 3, 6, 3, config)?;
+        assert!(conv.bias.is_none());
+        let y = conv.forward(&input(device)?)?;
+        Ok((y.dims().to_vec(), y.to_f64_vec()?))
+    };
+    let (cpu, tpu) = (run(Device::Cpu)?, run(Device::Tpu(0))?);
+    // (8 + 2 - 2 * (3 - 1) - 1) / 2 + 1 = 3.
+    assert_eq!(cpu.0, [2, 6, 3, 3]);
+    assert_eq!(tpu.0, cpu.0);
+    for (a, b) in cpu.1.iter().zip(&tpu.1) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
     Ok(())
 }

@@ -180,31 +180,55 @@ impl Module for RmsNorm {
     }
 }
 
+/// How a [`Conv2d`] slides over its input (candle's `Conv2dConfig`):
+/// by default stride 1, no padding, no dilation, one group, with a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dConfig {
+    /// Step between windows.
+    pub stride: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+    /// Spacing of kernel taps.
+    pub dilation: usize,
+    /// Channel groups (`in` and `out` channels both divide into them).
+    pub groups: usize,
+    /// Whether there is a bias.
+    pub bias: bool,
+}
+
+impl Default for Conv2dConfig {
+    fn default() -> Conv2dConfig {
+        Conv2dConfig {
+            stride: 1,
+            padding: 0,
+            dilation: 1,
+            groups: 1,
+            bias: true,
+        }
+    }
+}
+
 /// 2-D convolution over NCHW inputs.
 pub struct Conv2d {
     /// `[out, in / groups, kh, kw]`.
     pub weight: Parameter,
     /// `[out]`, if any.
     pub bias: Option<Parameter>,
-    stride: usize,
-    padding: usize,
+    config: Conv2dConfig,
     in_channels: usize,
-    groups: usize,
 }
 
 impl Conv2d {
-    /// A square-kernel convolution.
-    #[allow(clippy::too_many_arguments)]
+    /// A square-kernel convolution from `in_channels` to `out_channels`,
+    /// initialised as PyTorch's.
     pub fn new(
         path: &Path,
         in_channels: usize,
         out_channels: usize,
         kernel: usize,
-        stride: usize,
-        padding: usize,
-        groups: usize,
-        bias: bool,
+        config: Conv2dConfig,
     ) -> Result<Conv2d> {
+        let groups = config.groups;
         if groups == 0 || in_channels % groups != 0 || out_channels % groups != 0 {
             return Err(Error::shape(
                 "Conv2d",
@@ -221,15 +245,13 @@ impl Conv2d {
                 [out_channels, in_channels / groups, kernel, kernel],
                 Init::Uniform(bound),
             )?,
-            bias: if bias {
+            bias: if config.bias {
                 Some(path.param("bias", [out_channels], Init::Uniform(bound))?)
             } else {
                 None
             },
-            stride,
-            padding,
+            config,
             in_channels,
-            groups,
         })
     }
 }
@@ -247,11 +269,12 @@ impl Module for Conv2d {
                 ),
             ));
         }
+        let c = self.config;
         let attrs = Attrs::new()
-            .with("stride", vec![self.stride as i64; 2])
-            .with("padding", vec![self.padding as i64; 2])
-            .with("dilation", vec![1i64; 2])
-            .with("groups", self.groups as i64);
+            .with("stride", vec![c.stride as i64; 2])
+            .with("padding", vec![c.padding as i64; 2])
+            .with("dilation", vec![c.dilation as i64; 2])
+            .with("groups", c.groups as i64);
         match &self.bias {
             Some(b) => Tensor::apply1("conv2d", &[x, &self.weight.get(), &b.get()], attrs),
             None => Tensor::apply1("conv2d", &[x, &self.weight.get()], attrs),
