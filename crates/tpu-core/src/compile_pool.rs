@@ -3,9 +3,14 @@
 //! several programs compile at once (a first step is mostly compiles).
 //! `TPU_RS_COMPILE_THREADS` sets the workers (default: the machine's
 //! cores); `0` or `off` compiles on the calling thread.
+//!
+//! A process may exit while programs it will never run still compile; the
+//! exit waits (up to [`EXIT_WAIT`]) for the compiles under way, starts no
+//! other, and only then lets the plugin be torn down.
 
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::pjrt::{CompileOptions, Executable};
@@ -101,6 +106,66 @@ struct Pool {
     jobs: Mutex<Sender<Job>>,
 }
 
+/// A program compiled once when the pool starts (see [`compile`]).
+const FIRST: &str = "func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = stablehlo.add %x, %x : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}";
+
+/// The longest a process exit waits for compiles under way.
+pub const EXIT_WAIT: Duration = Duration::from_secs(120);
+
+/// The workers' compiles under way, and whether the process is exiting.
+#[derive(Default)]
+struct Busy {
+    state: Mutex<(usize, bool)>,
+    idle: Condvar,
+}
+
+fn busy() -> &'static Busy {
+    static BUSY: OnceLock<Busy> = OnceLock::new();
+    BUSY.get_or_init(Busy::default)
+}
+
+impl Busy {
+    /// Counts a compile as started; false once the process is exiting.
+    fn start(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.1 {
+            return false;
+        }
+        state.0 += 1;
+        true
+    }
+
+    fn done(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= 1;
+        self.idle.notify_all();
+    }
+
+    /// Starts no more compiles, and waits for those under way.
+    fn close(&self, timeout: Duration) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 = true;
+        let _ = self
+            .idle
+            .wait_timeout_while(state, timeout, |(running, _)| *running > 0);
+    }
+}
+
+extern "C" fn close_at_exit() {
+    busy().close(EXIT_WAIT);
+}
+
+/// Registers [`close_at_exit`] to run before every exit handler registered
+/// so far (the plugin's destructors among them).
+fn register_exit_wait() {
+    if !crate::pjrt::exit::before_plugin_teardown(close_at_exit) {
+        tracing::warn!("cannot register the compile pool's exit handler");
+    }
+}
+
 /// The workers `TPU_RS_COMPILE_THREADS` asks for in `get` (default: the
 /// machine's cores; `0` or `off` for none).
 pub fn threads_from_lookup(get: Lookup<'_>) -> Result<usize> {
@@ -153,8 +218,18 @@ fn work(queue: &Mutex<Receiver<Job>>) {
             Ok(job) => job,
             Err(_) => return,
         };
+        if !busy().start() {
+            job.compiling.finish(Err(crate::Error::Signature(
+                "the process is exiting".into(),
+            )));
+            continue;
+        }
         let outcome = Runtime::global().and_then(|r| r.compile(&job.program, &job.options));
+        // A compile may have set up more statics: registered again, the
+        // exit wait runs before their destructors too.
+        register_exit_wait();
         job.compiling.finish(outcome);
+        busy().done();
     }
 }
 
@@ -167,6 +242,15 @@ pub fn compile(program: String, options: CompileOptions) -> Result<Arc<Compiling
     let Some(pool) = pool()? else {
         return Ok(Compiling::finished(runtime.compile(&program, &options)));
     };
+    static STARTED: Once = Once::new();
+    STARTED.call_once(|| {
+        // The first compile sets up most of the compiler's statics, whose
+        // destructors the C runtime runs at exit in reverse order of
+        // registration: one done here, before registering the exit wait,
+        // leaves them to run after it.
+        let _ = runtime.client().compile(FIRST, &CompileOptions::default());
+        register_exit_wait();
+    });
     let compiling = Compiling::started();
     let job = Job {
         program,

@@ -18,6 +18,8 @@
 mod autograd;
 pub mod checkpoint;
 pub mod data;
+#[doc = include_str!("../../../docs/rust-guide.md")]
+pub mod guide {}
 mod display;
 pub mod dist;
 mod error;

@@ -273,6 +273,48 @@ fn child_one_step() {
     }
 }
 
+// --- exit ------------------------------------------------------------------
+
+#[test]
+fn a_process_that_exits_while_its_programs_compile_exits_cleanly() {
+    // Each run into an empty cache folder, so the programs really compile.
+    for run in 0..3 {
+        let cache = std::env::temp_dir().join(format!("tpu-rs-exit-{}-{run}", std::process::id()));
+        let out = child("child_exits_while_compiling")
+            .env("TPU_RS_EAGER", "strict")
+            .env("TPU_RS_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        let text = output_text(&out);
+        assert!(out.status.success(), "run {run}:\n{text}");
+        assert!(
+            text.contains("queued 60 calls"),
+            "run {run}: the child did not run:\n{text}"
+        );
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+}
+
+#[test]
+#[ignore = "a child role of a_process_that_exits_while_its_programs_compile_exits_cleanly"]
+fn child_exits_while_compiling() {
+    if !is_child("child_exits_while_compiling") {
+        return;
+    }
+    // Strict queues each call behind its compile and returns; the process
+    // then exits with the compiles under way.
+    let width = 1000 + std::process::id() as usize % 5000;
+    let mut y = Tensor::ones([2, width], DType::F32, Device::Tpu(0)).unwrap();
+    for _ in 0..20 {
+        y = y
+            .sin()
+            .and_then(|s| &s + &y)
+            .and_then(|z| z.tanh())
+            .unwrap();
+    }
+    println!("queued 60 calls");
+}
+
 // --- long runs -----------------------------------------------------------------
 
 #[test]

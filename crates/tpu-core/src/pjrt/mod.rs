@@ -8,6 +8,7 @@ mod client;
 pub mod discovery;
 mod event;
 mod executable;
+pub(crate) mod exit;
 pub(crate) mod ffi;
 mod kv;
 mod options;
