@@ -1,6 +1,8 @@
 //! The GPT model on `tpu` against the same model on `cpu`, against PyTorch,
 //! and training under each eager mode; checkpoints round-trip.
 
+mod torch;
+
 use tpu_rs::checkpoint;
 use tpu_rs::models::{Gpt, GptConfig, Sampling};
 use tpu_rs::nn::ParamStore;
@@ -121,28 +123,9 @@ fn checkpoints_round_trip_and_mismatches_are_named() -> Result<()> {
     Ok(())
 }
 
-fn python() -> Option<String> {
-    let candidates = [
-        std::env::var("TPU_RS_TORCH_PYTHON").ok(),
-        Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").to_string()),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        std::process::Command::new(p)
-            .args(["-c", "import torch, safetensors"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 #[test]
 fn a_pytorch_checkpoint_loads_and_gives_pytorchs_logits() -> Result<()> {
-    let Some(python) = python() else {
-        if std::env::var_os("TPU_RS_REQUIRE_TORCH").is_some() {
-            panic!(
-                "TPU_RS_REQUIRE_TORCH is set but no Python with torch and safetensors was found"
-            );
-        }
-        eprintln!("skipped: no Python with torch and safetensors (set TPU_RS_TORCH_PYTHON)");
+    let Some(python) = torch::python("torch, safetensors") else {
         return Ok(());
     };
     let dir = temp_dir("torch");

@@ -1,6 +1,8 @@
 //! Each optimizer against PyTorch's on the same problem: five steps on a
 //! weighted quadratic, the parameters after each step equal PyTorch's.
 
+mod torch;
+
 use tpu_rs::Result;
 use tpu_rs::nn::{Init, ParamStore};
 use tpu_rs::optim::{
@@ -51,19 +53,6 @@ fn trajectory(case: usize, device: Device) -> Result<Vec<Vec<f64>>> {
     Ok(out)
 }
 
-fn python() -> Option<String> {
-    let candidates = [
-        std::env::var("TPU_RS_TORCH_PYTHON").ok(),
-        Some(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").to_string()),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        std::process::Command::new(p)
-            .args(["-c", "import torch"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 /// PyTorch's trajectory for each of [`CASES`], from one interpreter.
 fn pytorch(python: &str) -> Vec<Vec<Vec<f64>>> {
     let script = format!(
@@ -97,12 +86,7 @@ fn pytorch(python: &str) -> Vec<Vec<Vec<f64>>> {
 
 #[test]
 fn optimizers_step_as_pytorchs_do() -> Result<()> {
-    let Some(python) = python() else {
-        assert!(
-            std::env::var_os("TPU_RS_REQUIRE_TORCH").is_none(),
-            "TPU_RS_REQUIRE_TORCH is set but no Python with torch was found"
-        );
-        eprintln!("skipped: no Python with torch (set TPU_RS_TORCH_PYTHON)");
+    let Some(python) = torch::python("torch") else {
         return Ok(());
     };
     let runs = pytorch(&python);
@@ -160,12 +144,7 @@ fn pytorch_rates(python: &str, makers: &[&str], steps: usize) -> Vec<Vec<f64>> {
 
 #[test]
 fn schedules_give_pytorchs_rates() -> Result<()> {
-    let Some(python) = python() else {
-        assert!(
-            std::env::var_os("TPU_RS_REQUIRE_TORCH").is_none(),
-            "TPU_RS_REQUIRE_TORCH is set but no Python with torch was found"
-        );
-        eprintln!("skipped: no Python with torch (set TPU_RS_TORCH_PYTHON)");
+    let Some(python) = torch::python("torch") else {
         return Ok(());
     };
     const STEPS: usize = 20;
