@@ -72,16 +72,7 @@ fn pytorch(python: &str) -> Vec<Vec<Vec<f64>>> {
          print(json.dumps(runs))\n",
         lambdas = CASES.map(|c| format!("lambda w: {c}")).join(", ")
     );
-    let out = std::process::Command::new(python)
-        .args(["-c", &script])
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("a JSON list")
+    serde_json::from_value(torch::run_json(python, &script)).expect("a JSON list")
 }
 
 #[test]
@@ -130,16 +121,7 @@ fn pytorch_rates(python: &str, makers: &[&str], steps: usize) -> Vec<Vec<f64>> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let out = std::process::Command::new(python)
-        .args(["-c", &script])
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("a JSON list")
+    serde_json::from_value(torch::run_json(python, &script)).expect("a JSON list")
 }
 
 #[test]
