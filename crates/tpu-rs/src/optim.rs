@@ -37,42 +37,93 @@ pub trait Optimizer {
     fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()>;
 }
 
-/// An error naming every name of `state` that is not `known`.
-fn take_state(state: &BTreeMap<String, HostTensor>, known: &[String]) -> Result<()> {
-    let unknown: Vec<&String> = state.keys().filter(|k| !known.contains(k)).collect();
-    if unknown.is_empty() {
-        return Ok(());
-    }
-    Err(crate::Error::Checkpoint {
+/// A checkpoint error for optimizer state that does not fit.
+fn misfit(unexpected: String, mismatched: String) -> crate::Error {
+    crate::Error::Checkpoint {
         missing: String::new(),
-        unexpected: unknown
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-        mismatched: String::new(),
-    })
+        unexpected,
+        mismatched,
+    }
 }
 
-/// `state`'s tensor `name`, on `like`'s device and in its dtype.
-fn restored(
+/// Per-parameter state as PyTorch's `optimizer.state_dict()` names it:
+/// `state.{i}.{field}` for each of `fields` of each parameter `i` that has
+/// state, beside `state.{i}.step` (a rank-0 count) when `step` is given.
+fn state_dict(
+    fields: &[&str],
+    slots: impl IntoIterator<Item = Option<Vec<Tensor>>>,
+    step: Option<u32>,
+) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for (i, slot) in slots.into_iter().enumerate() {
+        let Some(values) = slot else { continue };
+        if let Some(step) = step {
+            let count = Tensor::scalar(f64::from(step), DType::F32, Device::Cpu)?;
+            out.push((format!("state.{i}.step"), count));
+        }
+        out.extend(
+            fields
+                .iter()
+                .zip(values)
+                .map(|(f, t)| (format!("state.{i}.{f}"), t)),
+        );
+    }
+    Ok(out)
+}
+
+/// What [`state_dict`] wrote, for `params`: each parameter's `fields`
+/// (all of them, or none), on its device and in its dtype, and the step
+/// count (one for every parameter; 0 when none has state). A name it does
+/// not know, a shape that differs or a partial state is an error.
+fn from_state_dict(
     state: &BTreeMap<String, HostTensor>,
-    name: &str,
-    like: &Tensor,
-) -> Result<Option<Tensor>> {
-    state
-        .get(name)
-        .map(|h| {
+    params: &[Parameter],
+    fields: &[&str],
+    counts_steps: bool,
+) -> Result<(Vec<Option<Vec<Tensor>>>, u32)> {
+    let name = |i: usize, field: &str| format!("state.{i}.{field}");
+    let step_field: &[&str] = if counts_steps { &["step"] } else { &[] };
+    let known: Vec<String> = (0..params.len())
+        .flat_map(|i| fields.iter().chain(step_field).map(move |f| name(i, f)))
+        .collect();
+    let unknown: Vec<&str> = state
+        .keys()
+        .filter(|k| !known.contains(k))
+        .map(String::as_str)
+        .collect();
+    if !unknown.is_empty() {
+        return Err(misfit(unknown.join(", "), String::new()));
+    }
+    let mut slots = Vec::with_capacity(params.len());
+    let mut steps = None;
+    for (i, p) in params.iter().enumerate() {
+        let like = p.get();
+        let mut values = Vec::with_capacity(fields.len());
+        for field in fields {
+            let Some(h) = state.get(&name(i, field)) else {
+                continue;
+            };
             if h.shape() != *like.shape() {
-                return Err(crate::Error::Checkpoint {
-                    missing: String::new(),
-                    unexpected: String::new(),
-                    mismatched: format!("{name}: {} vs {}", h.shape(), like.shape()),
-                });
+                let what = format!("{}: {} vs {}", name(i, field), h.shape(), like.shape());
+                return Err(misfit(String::new(), what));
             }
-            Tensor::from_host(h.cast(like.dtype()), like.device())
-        })
-        .transpose()
+            values.push(Tensor::from_host(h.cast(like.dtype()), like.device())?);
+        }
+        let step = state.get(&name(i, "step")).map(|s| s.to_f64().sum() as u32);
+        if values.is_empty() && step.is_none() {
+            slots.push(None);
+            continue;
+        }
+        let whole = values.len() == fields.len() && step.is_some() == counts_steps;
+        if !whole || (steps.is_some() && steps != step) {
+            let needs = [fields, step_field].concat().join(", ");
+            let what = format!("state.{i}: needs {needs}, with one step count for every parameter");
+            return Err(misfit(String::new(), what));
+        }
+        steps = step;
+        slots.push(Some(values));
+    }
+    Ok((slots, steps.unwrap_or(0)))
 }
 
 fn scalar_for(p: &Tensor, value: f64) -> Result<Tensor> {
@@ -181,29 +232,19 @@ impl Optimizer for Sgd {
     }
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self
-            .velocity
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| Some((format!("state.{i}.momentum_buffer"), v.clone()?)))
-            .collect())
+        let slots = self.velocity.iter().map(|v| Some(vec![v.clone()?]));
+        state_dict(&["momentum_buffer"], slots, None)
     }
 
     fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
-        let names: Vec<String> = (0..self.params.len())
-            .map(|i| format!("state.{i}.momentum_buffer"))
-            .collect();
-        take_state(state, &names)?;
-        let velocity = self
-            .params
-            .iter()
-            .zip(&names)
-            .map(|(p, name)| restored(state, name, &p.get()))
-            .collect::<Result<Vec<_>>>()?;
-        self.velocity = velocity;
+        let (slots, _) = from_state_dict(state, &self.params, &["momentum_buffer"], false)?;
+        self.velocity = slots.into_iter().map(|s| s?.pop()).collect();
         Ok(())
     }
 }
+
+/// The moments Adam keeps per parameter, as PyTorch names them.
+const ADAM_FIELDS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 /// Adam with decoupled weight decay.
 pub struct AdamW {
@@ -300,53 +341,21 @@ impl Optimizer for AdamW {
     }
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut state = Vec::new();
-        for (i, (m, v)) in self
-            .moments
-            .iter()
-            .enumerate()
-            .filter_map(|(i, mv)| Some((i, mv.as_ref()?)))
-        {
-            let step = Tensor::scalar(f64::from(self.steps), DType::F32, Device::Cpu)?;
-            state.push((format!("state.{i}.step"), step));
-            state.push((format!("state.{i}.exp_avg"), m.clone()));
-            state.push((format!("state.{i}.exp_avg_sq"), v.clone()));
-        }
-        Ok(state)
+        let slots =
+            (self.moments.iter()).map(|mv| mv.as_ref().map(|(m, v)| vec![m.clone(), v.clone()]));
+        state_dict(&ADAM_FIELDS, slots, Some(self.steps))
     }
 
     fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
-        let name = |i: usize, what: &str| format!("state.{i}.{what}");
-        let known: Vec<String> = (0..self.params.len())
-            .flat_map(|i| ["step", "exp_avg", "exp_avg_sq"].map(|w| name(i, w)))
+        let (slots, steps) = from_state_dict(state, &self.params, &ADAM_FIELDS, true)?;
+        self.moments = slots
+            .into_iter()
+            .map(|slot| {
+                let [m, v] = <[Tensor; 2]>::try_from(slot?).ok()?;
+                Some((m, v))
+            })
             .collect();
-        take_state(state, &known)?;
-        let mut moments = Vec::with_capacity(self.params.len());
-        let mut steps = None;
-        for (i, p) in self.params.iter().enumerate() {
-            let value = p.get();
-            let m = restored(state, &name(i, "exp_avg"), &value)?;
-            let v = restored(state, &name(i, "exp_avg_sq"), &value)?;
-            let step = state.get(&name(i, "step")).map(|s| s.to_f64().sum() as u32);
-            match (m, v, step) {
-                (Some(m), Some(v), Some(step)) if steps.is_none_or(|s| s == step) => {
-                    steps = Some(step);
-                    moments.push(Some((m, v)));
-                }
-                (None, None, None) => moments.push(None),
-                _ => {
-                    return Err(crate::Error::Checkpoint {
-                        missing: String::new(),
-                        unexpected: String::new(),
-                        mismatched: format!(
-                            "state.{i}: needs step, exp_avg and exp_avg_sq, with one step count for every parameter"
-                        ),
-                    });
-                }
-            }
-        }
-        self.moments = moments;
-        self.steps = steps.unwrap_or(0);
+        self.steps = steps;
         Ok(())
     }
 }
@@ -422,36 +431,13 @@ impl Optimizer for RmsProp {
     }
 
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut state = Vec::new();
-        for (i, v) in self
-            .square_avg
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| Some((i, v.as_ref()?)))
-        {
-            let step = Tensor::scalar(f64::from(self.steps), DType::F32, Device::Cpu)?;
-            state.push((format!("state.{i}.step"), step));
-            state.push((format!("state.{i}.square_avg"), v.clone()));
-        }
-        Ok(state)
+        let slots = self.square_avg.iter().map(|v| Some(vec![v.clone()?]));
+        state_dict(&["square_avg"], slots, Some(self.steps))
     }
 
     fn load_state(&mut self, state: &BTreeMap<String, HostTensor>) -> Result<()> {
-        let name = |i: usize, what: &str| format!("state.{i}.{what}");
-        let known: Vec<String> = (0..self.params.len())
-            .flat_map(|i| ["step", "square_avg"].map(|w| name(i, w)))
-            .collect();
-        take_state(state, &known)?;
-        let square_avg = self
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| restored(state, &name(i, "square_avg"), &p.get()))
-            .collect::<Result<Vec<_>>>()?;
-        let steps = (0..self.params.len())
-            .find_map(|i| state.get(&name(i, "step")))
-            .map_or(0, |s| s.to_f64().sum() as u32);
-        self.square_avg = square_avg;
+        let (slots, steps) = from_state_dict(state, &self.params, &["square_avg"], true)?;
+        self.square_avg = slots.into_iter().map(|s| s?.pop()).collect();
         self.steps = steps;
         Ok(())
     }
