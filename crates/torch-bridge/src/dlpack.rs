@@ -63,8 +63,9 @@ struct Described {
 
 /// DLPack's type code and bit width of `dtype`.
 fn dl_dtype(dtype: DType) -> DlDataType {
-    // kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLBool 6.
+    // kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLComplex 5, kDLBool 6.
     let code = match dtype {
+        DType::C64 | DType::C128 => 5,
         DType::Bool => 6,
         DType::I8 | DType::I16 | DType::I32 | DType::I64 => 0,
         DType::U8 | DType::U32 => 1,

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use half::{bf16, f16};
+use num_complex::Complex;
 
 /// The element type of a tensor or device buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,11 +30,32 @@ pub enum DType {
     F32,
     /// IEEE double precision.
     F64,
+    /// A complex number of two f32 parts (real, then imaginary).
+    C64,
+    /// A complex number of two f64 parts (real, then imaginary).
+    C128,
 }
 
 impl DType {
-    /// Every dtype, in promotion-friendly order.
-    pub const ALL: [DType; 11] = [
+    /// Every dtype: the real ones, then the complex ones.
+    pub const ALL: [DType; 13] = [
+        DType::Bool,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U32,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::C64,
+        DType::C128,
+    ];
+
+    /// Every real (not complex) dtype, in promotion-friendly order.
+    pub const REAL: [DType; 11] = [
         DType::Bool,
         DType::I8,
         DType::I16,
@@ -53,7 +75,8 @@ impl DType {
             DType::Bool | DType::I8 | DType::U8 => 1,
             DType::I16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
-            DType::I64 | DType::F64 => 8,
+            DType::I64 | DType::F64 | DType::C64 => 8,
+            DType::C128 => 16,
         }
     }
 
@@ -71,6 +94,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "f32",
             DType::F64 => "f64",
+            DType::C64 => "c64",
+            DType::C128 => "c128",
         }
     }
 
@@ -80,6 +105,8 @@ impl DType {
             DType::Bool => "i1",
             DType::U8 => "ui8",
             DType::U32 => "ui32",
+            DType::C64 => "complex<f32>",
+            DType::C128 => "complex<f64>",
             other => other.name(),
         }
     }
@@ -92,6 +119,38 @@ impl DType {
     /// True for floating-point types.
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// True for float and complex types: the types gradients flow through.
+    pub const fn is_inexact(self) -> bool {
+        self.is_float() || self.is_complex()
+    }
+
+    /// True for the complex types.
+    pub const fn is_complex(self) -> bool {
+        matches!(self, DType::C64 | DType::C128)
+    }
+
+    /// The type of a complex type's parts (`c64` -> `f32`); any other type
+    /// itself.
+    pub const fn real_part(self) -> DType {
+        match self {
+            DType::C64 => DType::F32,
+            DType::C128 => DType::F64,
+            other => other,
+        }
+    }
+
+    /// The complex type with parts of float type `self` (`f64` -> `c128`;
+    /// the narrower floats widen to `c64`, as PyTorch's `complex` has no
+    /// half-precision form it runs); a complex type itself; `None` for
+    /// integers and bool.
+    pub const fn complex_of(self) -> Option<DType> {
+        match self {
+            DType::F16 | DType::BF16 | DType::F32 | DType::C64 => Some(DType::C64),
+            DType::F64 | DType::C128 => Some(DType::C128),
+            _ => None,
+        }
     }
 
     /// True for integer types (signed or unsigned), excluding bool.
@@ -140,6 +199,7 @@ pod_element!(
     i8 => I8, i16 => I16, i32 => I32, i64 => I64,
     u8 => U8, u32 => U32,
     f16 => F16, bf16 => BF16, f32 => F32, f64 => F64,
+    Complex<f32> => C64, Complex<f64> => C128,
 );
 
 impl Element for bool {
@@ -169,5 +229,8 @@ mod tests {
         assert_eq!(DType::BF16.size_in_bytes(), std::mem::size_of::<bf16>());
         assert_eq!(<f64 as Element>::DTYPE.size_in_bytes(), 8);
         assert_eq!(bool::from_bytes(&[0, 1, 2]), vec![false, true, true]);
+        let z = [Complex::new(1.5f32, -2.0)];
+        assert_eq!(DType::C64.size_in_bytes(), 8);
+        assert_eq!(Complex::<f32>::from_bytes(Complex::as_bytes(&z)), z);
     }
 }

@@ -47,6 +47,7 @@ pub use device::{Device, ParseDeviceError};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorCode, Result};
 pub use host::{HostBuffer, HostTensor};
+pub use num_complex::Complex;
 pub use pjrt::{
     Arg, Buffer, Client, ClientOptions, CompileOptions, DeviceDescription, Event, Executable,
     MemoryStats, Plugin,

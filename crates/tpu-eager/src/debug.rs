@@ -64,7 +64,13 @@ impl Debug {
         let location = call.location.to_string();
         if self.checks.nan {
             for (i, out) in outputs.iter().enumerate() {
-                if let HostData::Float(values) = out.to_host()?.data() {
+                let host = out.to_host()?;
+                let values: Vec<f64> = match host.data() {
+                    HostData::Float(values) => values.iter().copied().collect(),
+                    HostData::Complex(z) => z.iter().flat_map(|v| [v.re, v.im]).collect(),
+                    HostData::Int(_) => Vec::new(),
+                };
+                {
                     let what = if values.iter().any(|v| v.is_nan()) {
                         Some("NaN")
                     } else if values.iter().any(|v| v.is_infinite()) {

@@ -72,19 +72,40 @@ pub fn check_sample(
     Ok(())
 }
 
-/// True when `x` carries a gradient (a float tensor).
+/// True when `x` carries a gradient (a float or complex tensor).
 fn differentiable(x: &HostTensor) -> bool {
-    x.dtype().is_float()
+    x.dtype().is_inexact()
 }
 
+/// The full-precision type gradients of `x` are checked in: f64, or c128
+/// for complex tensors.
+fn wide(x: &HostTensor) -> DType {
+    if x.dtype().is_complex() {
+        DType::C128
+    } else {
+        DType::F64
+    }
+}
+
+/// The real inner product, a complex number counting as its two parts:
+/// with it, PyTorch's gradient of a real loss `L` is the `g` for which
+/// `dL = <g, dx>`.
 fn dot(a: &HostTensor, b: &HostTensor) -> f64 {
-    let (a, b) = (a.to_f64(), b.to_f64());
-    a.iter().zip(b.iter()).map(|(x, y)| x * y).sum()
+    let (a, b) = (a.to_complex(), b.to_complex());
+    a.iter()
+        .zip(b.iter())
+        .map(|(x, y)| x.re * y.re + x.im * y.im)
+        .sum()
 }
 
 fn axpy(x: &HostTensor, dir: &HostTensor, eps: f64) -> HostTensor {
-    let (x64, d) = (x.to_f64(), dir.to_f64());
-    HostTensor::float(DType::F64, &x64 + &(d * eps))
+    if x.dtype().is_complex() {
+        let (x, d) = (x.to_complex(), dir.to_complex());
+        HostTensor::complex(DType::C128, &x + &d.mapv(|v| v * eps))
+    } else {
+        let (x64, d) = (x.to_f64(), dir.to_f64());
+        HostTensor::float(DType::F64, &x64 + &(d * eps))
+    }
 }
 
 /// What [`check_vjp`] did with one case.
@@ -131,8 +152,8 @@ pub fn vjp_case(
         .iter()
         .map(|x| {
             if differentiable(x) {
-                let jitter = g.tensor_in(DType::F64, &x.shape(), -1e-4, 1e-4);
-                HostTensor::float(DType::F64, x.to_f64() + jitter.to_f64())
+                let jitter = g.tensor_in(wide(x), &x.shape(), -1e-4, 1e-4);
+                axpy(&x.cast(wide(x)), &jitter, 1.0)
             } else {
                 x.clone()
             }
@@ -147,7 +168,7 @@ pub fn vjp_case(
     // non-float output (cast to bf16, argmax) is not checked here.
     if outputs
         .iter()
-        .any(|o| o.dtype() != DType::F64 && o.dtype().is_float())
+        .any(|o| differentiable(o) && o.dtype() != wide(o))
     {
         return Ok(Err("output narrower than f64"));
     }
@@ -158,7 +179,7 @@ pub fn vjp_case(
         .iter()
         .map(|o| {
             if differentiable(o) {
-                g.tensor_in(DType::F64, &o.shape(), -1.0, 1.0)
+                g.tensor_in(wide(o), &o.shape(), -1.0, 1.0)
             } else {
                 HostTensor::float(o.dtype(), o.to_f64().mapv(|_| 0.0))
             }
@@ -226,7 +247,7 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> OpResult<VjpCheck> {
     let directions: Vec<Option<HostTensor>> = case
         .inputs
         .iter()
-        .map(|x| differentiable(x).then(|| g.tensor_in(DType::F64, &x.shape(), -1.0, 1.0)))
+        .map(|x| differentiable(x).then(|| g.tensor_in(wide(x), &x.shape(), -1.0, 1.0)))
         .collect();
     let analytic: f64 = case
         .grads
@@ -260,8 +281,8 @@ pub fn check_vjp(op: &OpDef, sample: &Sample, seed: u64) -> OpResult<VjpCheck> {
             .zip(&case.cotangents)
             .filter(|(_, c)| differentiable(c))
             .map(|((p, m), c)| {
-                let diff = HostTensor::float(DType::F64, (p.to_f64() - m.to_f64()) / width);
-                dot(&diff, c)
+                let diff = axpy(p, &m.cast(wide(m)), -1.0);
+                dot(&diff, c) / width
             })
             .sum()
     };

@@ -7,7 +7,8 @@ op record's PyTorch expression over `x`, the inputs, and `a`, the
 attributes), `kind` ("forward" or "backward"), `inputs` and `attrs`, and for
 backward cases the `cotangents` of the outputs. A tensor is
 `{"dtype": "f32", "shape": [2, 3], "data": [...]}`, row-major, with
-non-finite floats written "nan", "inf" and "-inf".
+non-finite floats written "nan", "inf" and "-inf" and complex values as
+`[re, im]` pairs.
 
 RESULTS.json gets one result per case, in order: `{"outputs": [tensor]}`
 for a forward case, `{"grads": [tensor or null]}` for a backward case (the
@@ -36,15 +37,28 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "f32": torch.float32,
     "f64": torch.float64,
+    "c64": torch.complex64,
+    "c128": torch.complex128,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
+def number(v):
+    return NON_FINITE.get(v, v) if isinstance(v, str) else v
+
+
+def json_float(v):
+    return v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+
+
 def to_torch(t):
     dtype = DTYPES[t["dtype"]]
-    if dtype.is_floating_point:
-        data = [NON_FINITE.get(v, v) if isinstance(v, str) else v for v in t["data"]]
+    if dtype.is_complex:
+        values = torch.tensor([complex(number(re), number(im)) for re, im in t["data"]],
+                              dtype=torch.complex128)
+    elif dtype.is_floating_point:
+        data = [number(v) for v in t["data"]]
         values = torch.tensor(data, dtype=torch.float64)
     else:
         values = torch.tensor(t["data"], dtype=torch.int64)
@@ -55,11 +69,11 @@ def from_torch(t):
     t = t.detach()
     if t.dtype not in NAMES:
         raise TypeError(f"PyTorch returned {t.dtype}, which the test cannot compare")
-    if t.dtype.is_floating_point:
-        data = [
-            v if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-            for v in t.to(torch.float64).flatten().tolist()
-        ]
+    if t.dtype.is_complex:
+        data = [[json_float(v.real), json_float(v.imag)]
+                for v in t.to(torch.complex128).flatten().tolist()]
+    elif t.dtype.is_floating_point:
+        data = [json_float(v) for v in t.to(torch.float64).flatten().tolist()]
     else:
         data = t.to(torch.int64).flatten().tolist()
     return {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data": data}
@@ -86,12 +100,13 @@ def backward(case):
     inputs = []
     for t in case["inputs"]:
         x = to_torch(t)
-        if x.is_floating_point():
-            x = x.to(torch.float64).requires_grad_(True)
+        if x.is_floating_point() or x.is_complex():
+            wide = torch.complex128 if x.is_complex() else torch.float64
+            x = x.to(wide).requires_grad_(True)
         inputs.append(x)
     outputs = evaluate(case, inputs)
     pairs = [(o, to_torch(c).to(o.dtype)) for o, c in zip(outputs, case["cotangents"])
-             if o.is_floating_point() and o.requires_grad]
+             if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
     wrt = [x for x in inputs if x.requires_grad]
     grads = torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs],
                                 allow_unused=True) if pairs else [None] * len(wrt)

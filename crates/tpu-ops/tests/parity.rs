@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tpu_core::DType;
 use tpu_core::host::{HostData, HostTensor, Tolerance, assert_close};
 use tpu_core::op::{Attr, OpDef, Sample, Torch, run_reference};
+use tpu_core::{Complex, DType};
 use tpu_ops::conformance::{cases, selected_ops, vjp_case};
 
 /// Generated cases per op (`TPU_RS_CONFORMANCE_CASES`, default 12), as in
@@ -72,18 +72,35 @@ fn describe(op: &OpDef, inputs: &[HostTensor], sample: &Sample) -> String {
     format!("{}({}) attrs {}", op.name, types.join(", "), sample.attrs)
 }
 
+/// A float as JSON, the non-finite ones as strings.
+fn float_json(v: f64) -> Value {
+    match v {
+        v if v.is_nan() => json!("nan"),
+        v if v == f64::INFINITY => json!("inf"),
+        v if v == f64::NEG_INFINITY => json!("-inf"),
+        v => json!(v),
+    }
+}
+
+fn json_float(x: &Value) -> Option<f64> {
+    match x.as_str() {
+        Some("nan") => Some(f64::NAN),
+        Some("inf") => Some(f64::INFINITY),
+        Some("-inf") => Some(f64::NEG_INFINITY),
+        Some(_) => None,
+        None => x.as_f64(),
+    }
+}
+
+/// A tensor as JSON: row-major values, a complex value as `[re, im]`.
 fn tensor_json(t: &HostTensor) -> Value {
     let data: Vec<Value> = match t.data() {
-        HostData::Float(a) => a
-            .iter()
-            .map(|&v| match v {
-                v if v.is_nan() => json!("nan"),
-                v if v == f64::INFINITY => json!("inf"),
-                v if v == f64::NEG_INFINITY => json!("-inf"),
-                v => json!(v),
-            })
-            .collect(),
+        HostData::Float(a) => a.iter().map(|&v| float_json(v)).collect(),
         HostData::Int(a) => a.iter().map(|&v| json!(v)).collect(),
+        HostData::Complex(a) => a
+            .iter()
+            .map(|v| json!([float_json(v.re), float_json(v.im)]))
+            .collect(),
     };
     json!({"dtype": t.dtype().name(), "shape": t.dims(), "data": data})
 }
@@ -103,16 +120,19 @@ fn json_tensor(v: &Value) -> Result<HostTensor, String> {
         .collect::<Option<_>>()
         .ok_or_else(bad)?;
     let data = v["data"].as_array().ok_or_else(bad)?;
-    let tensor = if dtype.is_float() {
+    let tensor = if dtype.is_complex() {
         let values = data
             .iter()
-            .map(|x| match x.as_str() {
-                Some("nan") => Some(f64::NAN),
-                Some("inf") => Some(f64::INFINITY),
-                Some("-inf") => Some(f64::NEG_INFINITY),
-                Some(_) => None,
-                None => x.as_f64(),
-            })
+            .map(|x| Some(Complex::new(json_float(&x[0])?, json_float(&x[1])?)))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&shape), values)
+            .ok()
+            .map(|a| HostTensor::complex(dtype, a))
+    } else if dtype.is_float() {
+        let values = data
+            .iter()
+            .map(json_float)
             .collect::<Option<Vec<f64>>>()
             .ok_or_else(bad)?;
         HostTensor::from_f64(dtype, shape, values)
@@ -166,7 +186,7 @@ fn op_cases(op: &'static OpDef, expr: &str) -> Vec<(Case, Value)> {
             && case
                 .outputs
                 .iter()
-                .all(|o| o.to_f64().iter().all(|v| v.is_finite()))
+                .all(|o| o.to_complex().iter().all(|v| v.is_finite()))
         {
             let json = json!({
                 "op": op.name, "expr": expr, "kind": "backward",

@@ -12,8 +12,10 @@ use crate::nn::ParamStore;
 use crate::optim::Optimizer;
 use crate::tensor::Tensor;
 
-fn to_safetensors(d: DType) -> Dtype {
-    match d {
+/// The safetensors dtype of `d`; the format has no complex128 (PyTorch
+/// refuses to save one too), so that is an error naming the tensor.
+fn to_safetensors(d: DType, name: &str) -> Result<Dtype> {
+    Ok(match d {
         DType::Bool => Dtype::BOOL,
         DType::I8 => Dtype::I8,
         DType::I16 => Dtype::I16,
@@ -25,7 +27,14 @@ fn to_safetensors(d: DType) -> Dtype {
         DType::BF16 => Dtype::BF16,
         DType::F32 => Dtype::F32,
         DType::F64 => Dtype::F64,
-    }
+        DType::C64 => Dtype::C64,
+        DType::C128 => {
+            return Err(Error::Io {
+                path: name.to_string(),
+                message: "safetensors has no complex128 dtype; save c64 or the parts".into(),
+            });
+        }
+    })
 }
 
 fn from_safetensors(d: Dtype, name: &str) -> Result<DType> {
@@ -41,6 +50,7 @@ fn from_safetensors(d: Dtype, name: &str) -> Result<DType> {
         Dtype::BF16 => DType::BF16,
         Dtype::F32 => DType::F32,
         Dtype::F64 => DType::F64,
+        Dtype::C64 => DType::C64,
         other => {
             return Err(Error::Io {
                 path: name.to_string(),
@@ -68,7 +78,7 @@ pub fn save_tensors(tensors: &[(String, Tensor)], path: impl AsRef<Path>) -> Res
         .iter()
         .map(|(n, b)| {
             TensorView::new(
-                to_safetensors(b.dtype()),
+                to_safetensors(b.dtype(), n)?,
                 b.shape().dims().to_vec(),
                 b.bytes(),
             )

@@ -76,12 +76,25 @@ impl fmt::Display for Tensor {
             Ok(h) => h,
             Err(e) => return write!(f, "tensor(<unavailable: {e}>)"),
         };
-        let float = matches!(host.data(), HostData::Float(_));
-        let values: Vec<String> = host
-            .to_f64()
-            .iter()
-            .map(|&v| format_value(v, float, self.dtype()))
-            .collect();
+        let values: Vec<String> = match host.data() {
+            // PyTorch's form: `1.0000+2.0000j`.
+            HostData::Complex(z) => z
+                .iter()
+                .map(|v| {
+                    let part = self.dtype().real_part();
+                    let im = format_value(v.im.abs(), true, part);
+                    let sign = if v.im < 0.0 { '-' } else { '+' };
+                    format!("{}{sign}{im}j", format_value(v.re, true, part))
+                })
+                .collect(),
+            data => {
+                let float = matches!(data, HostData::Float(_));
+                host.to_f64()
+                    .iter()
+                    .map(|&v| format_value(v, float, self.dtype()))
+                    .collect()
+            }
+        };
         let mut body = String::new();
         if self.numel() == 0 {
             body.push_str("[]");

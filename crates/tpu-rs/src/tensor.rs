@@ -353,7 +353,7 @@ impl Tensor {
             .into_iter()
             .enumerate()
             .map(|(i, v)| {
-                let float = v.dtype().is_float();
+                let float = v.dtype().is_inexact();
                 Tensor::wrap(v, float, float.then(|| (node.clone(), i)))
             })
             .collect())

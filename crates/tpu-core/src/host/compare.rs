@@ -27,8 +27,8 @@ impl Tolerance {
     /// The default for `dtype`: a few ulps for floats, exact for integers.
     pub fn for_dtype(dtype: DType) -> Tolerance {
         match dtype {
-            DType::F64 => Tolerance::new(1e-12, 1e-12),
-            DType::F32 => Tolerance::new(1e-5, 1e-5),
+            DType::F64 | DType::C128 => Tolerance::new(1e-12, 1e-12),
+            DType::F32 | DType::C64 => Tolerance::new(1e-5, 1e-5),
             DType::F16 => Tolerance::new(1e-3, 2e-3),
             DType::BF16 => Tolerance::new(1e-2, 1.6e-2),
             _ => Tolerance::EXACT,
@@ -92,7 +92,21 @@ pub fn assert_close(
                 )),
             }
         }
-        _ => Err("float and integer data do not compare".into()),
+        (HostData::Complex(a), HostData::Complex(e)) => {
+            // Each part on its own, as PyTorch's `assert_close` compares
+            // complex tensors.
+            let parts = |z: &ndarray::ArrayD<num_complex::Complex<f64>>, re: bool| {
+                HostTensor::float(
+                    actual.dtype().real_part(),
+                    z.mapv(|v| if re { v.re } else { v.im }),
+                )
+            };
+            assert_close(&parts(a, true), &parts(e, true), tol)
+                .map_err(|m| format!("real part: {m}"))?;
+            assert_close(&parts(a, false), &parts(e, false), tol)
+                .map_err(|m| format!("imaginary part: {m}"))
+        }
+        _ => Err("float, integer and complex data do not compare".into()),
     }
 }
 

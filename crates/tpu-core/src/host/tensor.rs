@@ -1,10 +1,11 @@
 //! `HostTensor`: values of any dtype held as `ndarray` arrays of f64 (float
-//! dtypes) or i64 (integers and bool), always rounded or wrapped to what the
-//! dtype can represent. References compute in this wide form, which is what
-//! "accumulate in f64" means for them.
+//! dtypes), i64 (integers and bool) or complex f64 (complex dtypes), always
+//! rounded or wrapped to what the dtype can represent. References compute in
+//! this wide form, which is what "accumulate in f64" means for them.
 
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn};
+use num_complex::Complex;
 
 use super::HostBuffer;
 use crate::stablehlo::TensorType;
@@ -17,6 +18,8 @@ pub enum HostData {
     Float(ArrayD<f64>),
     /// Integer dtypes and bool (0 or 1), each value in the dtype's range.
     Int(ArrayD<i64>),
+    /// Complex dtypes, each part exactly representable in the part's dtype.
+    Complex(ArrayD<Complex<f64>>),
 }
 
 /// A tensor in host memory, in the form op references compute on.
@@ -49,12 +52,33 @@ pub(crate) fn wrap_int(dtype: DType, v: i64) -> i64 {
     }
 }
 
+/// Rounds both parts of `v` to the part type of complex dtype `dtype`.
+fn round_complex(dtype: DType, v: Complex<f64>) -> Complex<f64> {
+    let part = dtype.real_part();
+    Complex::new(round_float(part, v.re), round_float(part, v.im))
+}
+
 impl HostTensor {
+    /// A complex tensor; both parts are rounded to `dtype`'s part type. A
+    /// real `dtype` keeps the real parts (as a cast does).
+    pub fn complex(dtype: DType, values: ArrayD<Complex<f64>>) -> HostTensor {
+        if dtype.is_complex() {
+            HostTensor {
+                dtype,
+                data: HostData::Complex(values.mapv(|v| round_complex(dtype, v))),
+            }
+        } else {
+            HostTensor::float(dtype, values.mapv(|v| v.re))
+        }
+    }
+
     /// A float tensor; values are rounded to `dtype`. An integer `dtype`
     /// truncates toward zero and saturates, and bool takes any nonzero
     /// value (NaN too) as true, like a cast.
     pub fn float(dtype: DType, values: ArrayD<f64>) -> HostTensor {
-        if dtype.is_float() {
+        if dtype.is_complex() {
+            HostTensor::complex(dtype, values.mapv(|v| Complex::new(v, 0.0)))
+        } else if dtype.is_float() {
             HostTensor {
                 dtype,
                 data: HostData::Float(values.mapv(|v| round_float(dtype, v))),
@@ -69,7 +93,7 @@ impl HostTensor {
     /// An integer or bool tensor; values are wrapped to `dtype`. A float
     /// `dtype` converts them.
     pub fn int(dtype: DType, values: ArrayD<i64>) -> HostTensor {
-        if dtype.is_float() {
+        if dtype.is_float() || dtype.is_complex() {
             HostTensor::float(dtype, values.mapv(|v| v as f64))
         } else {
             HostTensor {
@@ -117,6 +141,7 @@ impl HostTensor {
         match &self.data {
             HostData::Float(a) => a.shape(),
             HostData::Int(a) => a.shape(),
+            HostData::Complex(a) => a.shape(),
         }
     }
 
@@ -130,27 +155,43 @@ impl HostTensor {
         &self.data
     }
 
-    /// The values as f64 (integers converted).
+    /// The values as f64 (integers converted, complex values' real parts).
     pub fn to_f64(&self) -> ArrayD<f64> {
         match &self.data {
             HostData::Float(a) => a.clone(),
             HostData::Int(a) => a.mapv(|v| v as f64),
+            HostData::Complex(a) => a.mapv(|v| v.re),
         }
     }
 
-    /// The values as i64 (floats truncated toward zero, saturating).
+    /// The values as i64 (floats truncated toward zero, saturating; complex
+    /// values' real parts).
     pub fn to_i64(&self) -> ArrayD<i64> {
         match &self.data {
             HostData::Float(a) => a.mapv(|v| v as i64),
             HostData::Int(a) => a.clone(),
+            HostData::Complex(a) => a.mapv(|v| v.re as i64),
+        }
+    }
+
+    /// The values as complex numbers (real values with imaginary part 0).
+    pub fn to_complex(&self) -> ArrayD<Complex<f64>> {
+        match &self.data {
+            HostData::Complex(a) => a.clone(),
+            _ => self.to_f64().mapv(|v| Complex::new(v, 0.0)),
         }
     }
 
     /// Converts to `dtype` as StableHLO's `convert` does: floats round to
     /// nearest, float to integer truncates (saturating, NaN to 0), anything
-    /// to bool is `!= 0`.
+    /// to bool is `!= 0`; a real value becomes a complex one with imaginary
+    /// part 0, and a complex value keeps its real part (PyTorch's cast).
     pub fn cast(&self, dtype: DType) -> HostTensor {
         match (&self.data, dtype) {
+            (HostData::Complex(a), DType::Bool) => {
+                HostTensor::int(dtype, a.mapv(|v| i64::from(v.re != 0.0 || v.im != 0.0)))
+            }
+            (HostData::Complex(a), _) => HostTensor::complex(dtype, a.clone()),
             (HostData::Float(a), DType::Bool) => {
                 HostTensor::int(dtype, a.mapv(|v| i64::from(v != 0.0)))
             }
@@ -167,7 +208,15 @@ impl HostTensor {
         }
         let f = || self.to_f64().into_iter().collect::<Vec<f64>>().into_iter();
         let i = || self.to_i64().into_iter().collect::<Vec<i64>>().into_iter();
+        let c = || {
+            self.to_complex()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
         let bytes = match self.dtype {
+            DType::C128 => pack(c()),
+            DType::C64 => pack(c().map(|v| Complex::new(v.re as f32, v.im as f32))),
             DType::F64 => pack(f()),
             DType::F32 => pack(f().map(|v| v as f32)),
             DType::F16 => pack(f().map(f16::from_f64)),
@@ -189,6 +238,7 @@ impl HostTensor {
         let dims = buffer.shape().dims().to_vec();
         let float = |v: Vec<f64>| HostData::Float(array(&dims, v));
         let int = |v: Vec<i64>| HostData::Int(array(&dims, v));
+        let complex = |v: Vec<Complex<f64>>| HostData::Complex(array(&dims, v));
         let b = buffer.bytes();
         let dtype = buffer.dtype();
         let data = match dtype {
@@ -203,6 +253,13 @@ impl HostTensor {
             DType::I64 => int(i64::from_bytes(b)),
             DType::U8 => int(u8::from_bytes(b).into_iter().map(i64::from).collect()),
             DType::U32 => int(u32::from_bytes(b).into_iter().map(i64::from).collect()),
+            DType::C64 => complex(
+                Complex::<f32>::from_bytes(b)
+                    .into_iter()
+                    .map(|v| Complex::new(v.re.into(), v.im.into()))
+                    .collect(),
+            ),
+            DType::C128 => complex(Complex::<f64>::from_bytes(b)),
         };
         HostTensor { dtype, data }
     }

@@ -50,8 +50,16 @@ pub fn check_inputs(
             format!("takes {}, got {}", op.arity, inputs.len()),
         ));
     }
+    if let Some(ty) = inputs.iter().find(|t| refuses_complex(op, t)) {
+        let reason = OpError::unsupported(format!("takes no {} tensors", ty.dtype));
+        return Err(invalid(op, inputs, device, reason));
+    }
     let outputs =
         (op.infer)(inputs, attrs).map_err(|reason| invalid(op, inputs, &device, reason))?;
+    if let Some(ty) = outputs.iter().find(|t| refuses_complex(op, t)) {
+        let reason = OpError::unsupported(format!("makes no {} tensors", ty.dtype));
+        return Err(invalid(op, inputs, device, reason));
+    }
     let sizes = inputs.iter().map(|t| ("input", t));
     for (what, ty) in sizes.chain(outputs.iter().map(|t| ("output", t))) {
         if tensor_bytes(ty).is_none() {
@@ -62,6 +70,12 @@ pub fn check_inputs(
         }
     }
     Ok(outputs)
+}
+
+/// True when `ty` is complex and `op` does not list its dtype: the op's
+/// reference and lowering were written for real numbers only.
+fn refuses_complex(op: &OpDef, ty: &TensorType) -> bool {
+    ty.dtype.is_complex() && !op.dtypes.contains(&ty.dtype)
 }
 
 /// Checks `op`'s index inputs ([`OpDef::indices`]) on `inputs`, reading

@@ -177,7 +177,9 @@ pub struct OpDef {
     pub arity: Arity,
     /// Properties.
     pub flags: Flags,
-    /// Dtypes the op accepts (for its main input), for tests and docs.
+    /// Dtypes the op accepts (for its main input), for tests and docs. A
+    /// complex input or output is refused unless its dtype is listed here,
+    /// so an op opts into complex numbers explicitly.
     pub dtypes: &'static [DType],
     /// Shape and dtype inference.
     pub infer: InferFn,
@@ -207,14 +209,14 @@ inventory::collect!(OpDef);
 
 impl OpDef {
     /// What a record written with [`op_def!`](crate::op_def) leaves out: no
-    /// flags, every dtype, no gradient, the dtype's default tolerance. The
+    /// flags, every real dtype, no gradient, the dtype's default tolerance. The
     /// name, arity, inference, lowering and reference are always given; the
     /// placeholders here only say that one was not.
     pub const DEFAULT: OpDef = OpDef {
         name: "",
         arity: Arity::Exactly(0),
         flags: Flags::NONE,
-        dtypes: &DType::ALL,
+        dtypes: &DType::REAL,
         infer: |_, _| Err(OpError::unsupported("the op record gives no inference")),
         lower: |_, _, _| Err(OpError::unsupported("the op record gives no lowering")),
         reference: |_, _| Err(OpError::unsupported("the op record gives no reference")),

@@ -106,16 +106,25 @@ impl Gen {
     /// [-20, 20], unsigned in [0, 40], bools either way.
     pub fn tensor(&mut self, dtype: DType, shape: &Shape) -> HostTensor {
         match dtype {
-            d if d.is_float() => self.tensor_in(dtype, shape, -3.0, 3.0),
+            d if d.is_float() || d.is_complex() => self.tensor_in(dtype, shape, -3.0, 3.0),
             DType::Bool => self.tensor_in(dtype, shape, 0.0, 2.0),
             DType::U8 | DType::U32 => self.tensor_in(dtype, shape, 0.0, 41.0),
             _ => self.tensor_in(dtype, shape, -20.0, 21.0),
         }
     }
 
-    /// Values uniform in `[lo, hi)` (integers: floored; unsigned: from 0).
+    /// Values uniform in `[lo, hi)` (integers: floored; unsigned: from 0;
+    /// complex: both parts).
     pub fn tensor_in(&mut self, dtype: DType, shape: &Shape, lo: f64, hi: f64) -> HostTensor {
         let n = shape.numel();
+        if dtype.is_complex() {
+            let values = (0..n)
+                .map(|_| crate::Complex::new(self.uniform(lo, hi), self.uniform(lo, hi)))
+                .collect();
+            let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape.dims()), values)
+                .unwrap_or_else(|_| unreachable!("value count matches the shape"));
+            return HostTensor::complex(dtype, array);
+        }
         let (lo, hi) = match dtype {
             DType::U8 | DType::U32 | DType::Bool => (lo.max(0.0), hi.max(lo.max(0.0) + 1.0)),
             _ => (lo, hi),

@@ -25,6 +25,8 @@ pub(crate) fn pjrt_type(dtype: DType) -> sys::PJRT_Buffer_Type {
         DType::BF16 => sys::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
         DType::F32 => sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
         DType::F64 => sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
+        DType::C64 => sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C64,
+        DType::C128 => sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C128,
     }
 }
 

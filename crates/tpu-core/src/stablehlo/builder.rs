@@ -86,6 +86,10 @@ pub fn literal(dtype: DType, value: f64) -> String {
         DType::F16 => format!("0x{:04X}", f16::from_f64(value).to_bits()),
         DType::BF16 => format!("0x{:04X}", bf16::from_f64(value).to_bits()),
         DType::Bool => (if value != 0.0 { "true" } else { "false" }).to_string(),
+        DType::C64 | DType::C128 => {
+            let part = dtype.real_part();
+            format!("({}, {})", literal(part, value), literal(part, 0.0))
+        }
         _ => {
             let (lo, hi) = int_range(dtype);
             format!("{}", (value as i64).clamp(lo, hi))
@@ -492,7 +496,7 @@ impl Builder {
     /// `stablehlo.compare`, giving booleans.
     pub fn compare(&mut self, direction: Compare, a: &Value, b: &Value) -> Value {
         let ty = TensorType::new(DType::Bool, a.shape().clone());
-        let compare_type = if a.dtype().is_float() {
+        let compare_type = if a.dtype().is_float() || a.dtype().is_complex() {
             "FLOAT"
         } else if matches!(a.dtype(), DType::U8 | DType::U32 | DType::Bool) {
             "UNSIGNED"
@@ -521,12 +525,32 @@ impl Builder {
         if x.dtype() == dtype {
             return x.clone();
         }
+        if x.dtype().is_complex() && !dtype.is_complex() {
+            // `convert` defines no complex-to-real conversion; PyTorch's
+            // cast keeps the real part.
+            let re = self.part("stablehlo.real", x);
+            return self.convert(&re, dtype);
+        }
         self.op1(
             "stablehlo.convert",
             &[x],
             "",
             TensorType::new(dtype, x.shape().clone()),
         )
+    }
+
+    /// `stablehlo.real` or `stablehlo.imag` of a complex `x`: its parts, of
+    /// the part type.
+    pub fn part(&mut self, op: &str, x: &Value) -> Value {
+        let ty = TensorType::new(x.dtype().real_part(), x.shape().clone());
+        self.op1(op, &[x], "", ty)
+    }
+
+    /// `stablehlo.complex` of two real values of one float type.
+    pub fn complex(&mut self, re: &Value, im: &Value) -> Value {
+        let dtype = re.dtype().complex_of().unwrap_or(DType::C64);
+        let ty = TensorType::new(dtype, re.shape().clone());
+        self.op1("stablehlo.complex", &[re, im], "", ty)
     }
 
     /// `stablehlo.broadcast_in_dim`: operand dim `i` becomes result dim

@@ -30,19 +30,24 @@ impl TensorType {
             .strip_prefix("tensor<")
             .and_then(|t| t.strip_suffix('>'))
             .ok_or_else(|| Error::Signature(format!("`{text}` is not a tensor type")))?;
-        let mut parts: Vec<&str> = inner.split('x').collect();
-        // `x` also separates dims; the element type is the last part.
-        let elem = parts.pop().unwrap_or_default();
-        let dtype = DType::from_mlir_name(elem.trim())
-            .ok_or_else(|| Error::UnsupportedType(elem.trim().to_string()))?;
-        let dims = parts
-            .iter()
-            .map(|d| {
-                d.trim().parse::<usize>().map_err(|_| {
-                    Error::Signature(format!("`{text}` has a dynamic or invalid dimension `{d}`"))
-                })
-            })
-            .collect::<Result<Vec<usize>>>()?;
+        // Dims come first, each followed by `x`; the element type is the
+        // rest (it may hold an `x` itself: `complex<f32>`).
+        let mut dims = Vec::new();
+        let mut rest = inner.trim();
+        while let Some((dim, tail)) = rest.split_once('x') {
+            if dim.is_empty() || !dim.chars().all(|c| c.is_ascii_digit() || c == '?') {
+                break;
+            }
+            let d = dim.parse::<usize>().map_err(|_| {
+                Error::Signature(format!(
+                    "`{text}` has a dynamic or invalid dimension `{dim}`"
+                ))
+            })?;
+            dims.push(d);
+            rest = tail;
+        }
+        let dtype = DType::from_mlir_name(rest.trim())
+            .ok_or_else(|| Error::UnsupportedType(rest.trim().to_string()))?;
         Ok(TensorType::new(dtype, dims))
     }
 }
@@ -239,6 +244,17 @@ mod tests {
         let sig = Signature::parse("func.func @main() -> tensor<4xi64> {").unwrap();
         assert!(sig.parameters.is_empty());
         assert_eq!(sig.results, vec![TensorType::new(DType::I64, [4])]);
+    }
+
+    #[test]
+    fn complex_element_types_are_read_whole() {
+        let sig = Signature::parse(
+            "func.func @main(%a: tensor<2x3xcomplex<f32>>, %b: tensor<complex<f64>>) -> tensor<3xcomplex<f32>> {",
+        )
+        .unwrap();
+        assert_eq!(sig.parameters[0].ty, TensorType::new(DType::C64, [2, 3]));
+        assert_eq!(sig.parameters[1].ty, TensorType::new(DType::C128, []));
+        assert_eq!(sig.results, vec![TensorType::new(DType::C64, [3])]);
     }
 
     #[test]

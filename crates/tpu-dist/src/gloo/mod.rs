@@ -84,7 +84,7 @@ impl Gloo {
         tag: u32,
         timeout: Duration,
     ) -> GlooResult<()> {
-        let (dtype, op) = codes(dtype, op);
+        let (dtype, op) = codes(dtype, op)?;
         self.context()
             .all_reduce(data, dtype, op, tag, millis(timeout))
             .map_err(reason)
@@ -101,7 +101,7 @@ impl Gloo {
         tag: u32,
         timeout: Duration,
     ) -> GlooResult<()> {
-        let (dtype, op) = codes(dtype, op);
+        let (dtype, op) = codes(dtype, op)?;
         self.context()
             .reduce_scatter(input, output, dtype, op, tag, millis(timeout))
             .map_err(reason)
@@ -181,7 +181,14 @@ impl Gloo {
 
 /// The C++ side's dtype and reduction codes (see native/gloo_bridge.cc).
 /// Booleans reduce as bytes: sum and max are `or`, min and product `and`.
-fn codes(dtype: DType, op: ReduceOp) -> (u8, u8) {
+/// Complex values sum (and average) part by part, as pairs of floats; they
+/// have no order and their product mixes parts, so nothing else reduces them.
+fn codes(dtype: DType, op: ReduceOp) -> GlooResult<(u8, u8)> {
+    if dtype.is_complex() && !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+        return Err(format!(
+            "{dtype} tensors reduce only by sum or mean, not {op:?}"
+        ));
+    }
     let dtype_code = match dtype {
         DType::Bool | DType::U8 => 0,
         DType::I8 => 1,
@@ -191,8 +198,8 @@ fn codes(dtype: DType, op: ReduceOp) -> (u8, u8) {
         DType::U32 => 5,
         DType::F16 => 6,
         DType::BF16 => 7,
-        DType::F32 => 8,
-        DType::F64 => 9,
+        DType::F32 | DType::C64 => 8,
+        DType::F64 | DType::C128 => 9,
     };
     let op_code = match (dtype, op) {
         (DType::Bool, ReduceOp::Sum | ReduceOp::Max) => 2,
@@ -203,5 +210,5 @@ fn codes(dtype: DType, op: ReduceOp) -> (u8, u8) {
         (_, ReduceOp::Max) => 2,
         (_, ReduceOp::Min) => 3,
     };
-    (dtype_code, op_code)
+    Ok((dtype_code, op_code))
 }

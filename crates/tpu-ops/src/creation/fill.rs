@@ -10,6 +10,7 @@ use tpu_core::op_def;
 use tpu_core::stablehlo::TensorType;
 use tpu_core::{DType, Shape};
 
+use crate::support::ANY;
 #[cfg(feature = "conformance")]
 use crate::support::*;
 
@@ -44,7 +45,7 @@ fn full_type(attrs: &Attrs) -> OpResult<TensorType> {
 
 #[cfg(feature = "conformance")]
 fn full_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let shape = g.shape(0, 3);
     let value = if dtype.is_float() {
         g.uniform(-3.0, 3.0)
@@ -64,6 +65,7 @@ inventory::submit! {
     op_def! {
         name: "full",
         arity: Arity::Exactly(0),
+        dtypes: ANY,
         infer: |_, attrs| Ok(vec![full_type(attrs)?]),
         lower: |b, _, attrs| {
             let t = full_type(attrs)?;

@@ -27,7 +27,7 @@ fn dtype_or_f32(attrs: &Attrs) -> OpResult<DType> {
 
 #[cfg(feature = "conformance")]
 fn filled_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let shape = g.shape(0, 4);
     let mut attrs = Attrs::new().with("shape", shape.dims());
     if g.below(4) != 0 {
@@ -316,7 +316,7 @@ fn eye_sample(g: &mut Gen) -> Sample {
         attrs.set("m", g.dim());
     }
     if g.below(4) != 0 {
-        attrs.set("dtype", g.pick(ALL));
+        attrs.set("dtype", g.pick(REAL));
     }
     Sample::new(vec![], attrs)
 }

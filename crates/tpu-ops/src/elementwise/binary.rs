@@ -1,11 +1,11 @@
 //! Binary arithmetic with NumPy broadcasting and PyTorch type promotion.
 
-use tpu_core::DType;
 use tpu_core::host::{HostTensor, Tolerance};
 use tpu_core::op::{Arity, Attrs, Flags, OpResult, Tape, Torch, Var, VjpArgs};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
 use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+use tpu_core::{Complex, DType};
 use tpu_core::{invalid, op_def};
 
 use crate::support::*;
@@ -60,21 +60,41 @@ pub(crate) fn lower_arith(
     vec![lower(b, &l, &r)]
 }
 
+/// How an op combines complex numbers, for ops that take them.
+type ComplexFn = Option<fn(Complex<f64>, Complex<f64>) -> Complex<f64>>;
+
 fn arith_ref(
     x: &[HostTensor],
     float: bool,
     ff: impl Fn(f64, f64) -> f64,
     fi: impl Fn(i64, i64) -> i64,
+    fc: ComplexFn,
 ) -> OpResult<Vec<HostTensor>> {
     let dtype = promote(&x[0].ty(), &x[1].ty());
     let dtype = if float { to_float(dtype) } else { dtype };
+    if let (true, Some(fc)) = (dtype.is_complex(), fc) {
+        let shape = broadcast_shapes(&x[0].shape(), &x[1].shape())?;
+        let (a, b) = (x[0].to_complex(), x[1].to_complex());
+        let values = zip_complex(&a, &b, shape.dims(), fc)?;
+        return Ok(vec![HostTensor::complex(dtype, values)]);
+    }
     Ok(vec![binary(&x[0], &x[1], dtype, dtype, ff, fi)?])
+}
+
+/// `v`, conjugated when complex (PyTorch's gradients of complex products
+/// carry the other factor's conjugate).
+fn conj(t: &mut dyn Tape, v: Var) -> OpResult<Var> {
+    if t.ty(v)?.dtype.is_complex() {
+        t.call1("conj", &[v], Attrs::new())
+    } else {
+        Ok(v)
+    }
 }
 
 /// Reduces a broadcast gradient to an input's shape and dtype.
 pub(crate) fn grad_for(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
     let ty = t.ty(input)?;
-    if !ty.dtype.is_float() {
+    if !ty.dtype.is_inexact() {
         return Ok(None);
     }
     let g = t.sum_to(g, &ty.shape)?;
@@ -96,6 +116,12 @@ fn promoted(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<(Var, Var)> {
 
 macro_rules! arith_op {
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, hlo: $hlo:literal,
+     reference: ($ff:expr, $fi:expr, $fc:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
+        arith_op!($name, dtypes: $dtypes, float: $float,
+            lower: |b: &mut Builder, l: &Value, r: &Value| b.binary($hlo, l, r),
+            reference: ($ff, $fi, $fc), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+    };
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, hlo: $hlo:literal,
      reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         arith_op!($name, dtypes: $dtypes, float: $float,
             lower: |b: &mut Builder, l: &Value, r: &Value| b.binary($hlo, l, r),
@@ -104,13 +130,23 @@ macro_rules! arith_op {
     // `lower` gets both operands promoted and broadcast.
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower: $lower:expr,
      reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
+        arith_op!($name, dtypes: $dtypes, float: $float, lower: $lower,
+            reference: ($ff, $fi, None), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+    };
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower: $lower:expr,
+     reference: ($ff:expr, $fi:expr, $fc:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         arith_op!($name, dtypes: $dtypes, float: $float,
             lower_inputs: |b: &mut Builder, x: &[Value]| lower_arith(b, x, $float, $lower),
-            reference: ($ff, $fi), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+            reference: ($ff, $fi, $fc), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
     };
     // `lower_inputs` gets the op's inputs as they are.
     ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower_inputs: $lower:expr,
      reference: ($ff:expr, $fi:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
+        arith_op!($name, dtypes: $dtypes, float: $float, lower_inputs: $lower,
+            reference: ($ff, $fi, None), vjp: $vjp, samples: $samples, arbitrary: $arb, torch: $torch);
+    };
+    ($name:literal, dtypes: $dtypes:expr, float: $float:expr, lower_inputs: $lower:expr,
+     reference: ($ff:expr, $fi:expr, $fc:expr), vjp: $vjp:expr, samples: $samples:expr, arbitrary: $arb:expr, torch: $torch:literal) => {
         inventory::submit! {
             tpu_core::op_def! {
                 name: $name,
@@ -119,7 +155,7 @@ macro_rules! arith_op {
                 dtypes: $dtypes,
                 infer: |x, _| Ok(vec![infer_binary(x, $dtypes, $float)?]),
                 lower: |b, x, _| Ok($lower(b, x)),
-                reference: |x, _| arith_ref(x, $float, $ff, $fi),
+                reference: |x, _| arith_ref(x, $float, $ff, $fi, $fc),
                 vjp: Some($vjp),
                 samples: $samples,
                 arbitrary: $arb,
@@ -129,36 +165,58 @@ macro_rules! arith_op {
     };
 }
 
-arith_op!("add", dtypes: ALL, float: false, hlo: "stablehlo.add",
-    reference: (|x, y| x + y, |x: i64, y: i64| x.wrapping_add(y)),
+arith_op!("add", dtypes: ANY, float: false, hlo: "stablehlo.add",
+    reference: (|x, y| x + y, |x: i64, y: i64| x.wrapping_add(y), Some(|x, y| x + y)),
     vjp: |t, a| grads(t, a, a.grads[0], a.grads[0]),
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    samples: || with_complex(binary_samples), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC_OR_COMPLEX),
     torch: "torch.add(x[0], x[1])");
 
-arith_op!("sub", dtypes: NUMERIC, float: false, hlo: "stablehlo.subtract",
-    reference: (|x, y| x - y, |x: i64, y: i64| x.wrapping_sub(y)),
+arith_op!("sub", dtypes: NUMERIC_OR_COMPLEX, float: false, hlo: "stablehlo.subtract",
+    reference: (|x, y| x - y, |x: i64, y: i64| x.wrapping_sub(y), Some(|x, y| x - y)),
     vjp: |t, a| {
         let gb = t.neg(a.grads[0])?;
         grads(t, a, a.grads[0], gb)
     },
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    samples: || with_complex(binary_samples), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC_OR_COMPLEX),
     torch: "torch.sub(x[0], x[1])");
 
-arith_op!("mul", dtypes: ALL, float: false, hlo: "stablehlo.multiply",
-    reference: (|x, y| x * y, |x: i64, y: i64| x.wrapping_mul(y)),
+arith_op!("mul", dtypes: ANY, float: false, hlo: "stablehlo.multiply",
+    reference: (|x, y| x * y, |x: i64, y: i64| x.wrapping_mul(y), Some(|x, y| x * y)),
     vjp: |t, a| {
         let (x, y) = promoted(t, a)?;
+        let (x, y) = (conj(t, x)?, conj(t, y)?);
         let ga = t.mul(a.grads[0], y)?;
         let gb = t.mul(a.grads[0], x)?;
         grads(t, a, ga, gb)
     },
-    samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
+    samples: || with_complex(binary_samples), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC_OR_COMPLEX),
     torch: "torch.mul(x[0], x[1])");
+
+/// An op's samples over the real numeric dtypes, then over complex ones.
+#[cfg(feature = "conformance")]
+fn with_complex(samples: fn(&[DType]) -> Vec<Sample>) -> Vec<Sample> {
+    let mut all = samples(NUMERIC);
+    all.extend(samples(COMPLEX));
+    all
+}
 
 /// Divisors away from zero.
 #[cfg(feature = "conformance")]
 fn nonzero_divisor(mut s: Sample) -> Sample {
     let d = &s.inputs[1];
+    if d.dtype().is_complex() {
+        // |re| >= 0.5 keeps |d| >= 0.5.
+        let re = d.to_complex().mapv(|v| {
+            let re = if v.re.abs() < 0.5 {
+                0.5 + v.re.abs()
+            } else {
+                v.re
+            };
+            Complex::new(re, v.im)
+        });
+        s.inputs[1] = HostTensor::complex(d.dtype(), re);
+        return s;
+    }
     let fixed = map_same(
         d,
         |v| if v.abs() < 0.5 { 0.5 + v.abs() } else { v },
@@ -184,19 +242,21 @@ fn lower_div(b: &mut Builder, x: &[Value]) -> Vec<Value> {
     vec![b.binary("stablehlo.divide", &l, &r)]
 }
 
-arith_op!("div", dtypes: NUMERIC, float: true, lower_inputs: lower_div,
-    reference: (|x, y| x / y, |_, _| 0),
+arith_op!("div", dtypes: NUMERIC_OR_COMPLEX, float: true, lower_inputs: lower_div,
+    reference: (|x, y| x / y, |_, _| 0, Some(|x, y| x / y)),
     vjp: |t, a| {
         let (_, y) = promoted(t, a)?;
+        let y = conj(t, y)?;
         let ga = t.div(a.grads[0], y)?;
         // d(x/y)/dy = -(x/y)/y
-        let q = t.div(a.outputs[0], y)?;
+        let q = conj(t, a.outputs[0])?;
+        let q = t.div(q, y)?;
         let gq = t.mul(a.grads[0], q)?;
         let gb = t.neg(gq)?;
         grads(t, a, ga, gb)
     },
-    samples: || binary_samples(NUMERIC).into_iter().map(nonzero_divisor).collect(),
-    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC)),
+    samples: || with_complex(binary_samples).into_iter().map(nonzero_divisor).collect(),
+    arbitrary: |g: &mut Gen| nonzero_divisor(binary_arbitrary(g, NUMERIC_OR_COMPLEX)),
     torch: "torch.div(x[0], x[1])");
 
 #[cfg(feature = "conformance")]
@@ -241,13 +301,13 @@ fn route_grads(t: &mut dyn Tape, a: &VjpArgs<'_>, mask: Var) -> OpResult<Vec<Opt
     grads(t, a, ga, gb)
 }
 
-arith_op!("maximum", dtypes: ALL, float: false, hlo: "stablehlo.maximum",
+arith_op!("maximum", dtypes: REAL, float: false, hlo: "stablehlo.maximum",
     reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }, |x: i64, y: i64| x.max(y)),
     vjp: |t, a| select_grads(t, a, "gt"),
     samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
     torch: "torch.maximum(x[0], x[1])");
 
-arith_op!("minimum", dtypes: ALL, float: false, hlo: "stablehlo.minimum",
+arith_op!("minimum", dtypes: REAL, float: false, hlo: "stablehlo.minimum",
     reference: (|x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }, |x: i64, y: i64| x.min(y)),
     vjp: |t, a| select_grads(t, a, "lt"),
     samples: || binary_samples(NUMERIC), arbitrary: |g: &mut Gen| binary_arbitrary(g, NUMERIC),
@@ -550,7 +610,7 @@ inventory::submit! {
         lower: |b, x, attrs| Ok(vec![lower_rounded_div(b, x, rounding(attrs)?)]),
         reference: |x, attrs| {
             let mode = rounding(attrs)?;
-            arith_ref(x, false, |a, b| rounded_div_f(a, b, mode), |a, b| rounded_div_i(a, b, mode))
+            arith_ref(x, false, |a, b| rounded_div_f(a, b, mode), |a, b| rounded_div_i(a, b, mode), None)
         },
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
         samples: || {
@@ -579,7 +639,7 @@ inventory::submit! {
         dtypes: NUMERIC,
         infer: |x, _| Ok(vec![infer_binary(x, NUMERIC, false)?]),
         lower: |b, x, _| Ok(lower_remainder(b, x)),
-        reference: |x, _| arith_ref(x, false, py_rem_f, py_rem_i),
+        reference: |x, _| arith_ref(x, false, py_rem_f, py_rem_i, None),
         vjp: Some(|t, a| {
             // d/dx = 1, d/dy = -floor(x / y)
             let (x, y) = promoted(t, a)?;
@@ -604,7 +664,7 @@ inventory::submit! {
         dtypes: NUMERIC,
         infer: |x, _| Ok(vec![infer_binary(x, NUMERIC, false)?]),
         lower: |b, x, _| Ok(lower_fmod(b, x)),
-        reference: |x, _| arith_ref(x, false, |a, b| a % b, fmod_i),
+        reference: |x, _| arith_ref(x, false, |a, b| a % b, fmod_i, None),
         vjp: Some(|t, a| {
             // d/dx = 1, d/dy = -trunc(x / y)
             let (x, y) = promoted(t, a)?;

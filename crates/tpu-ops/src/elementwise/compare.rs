@@ -11,7 +11,7 @@ use super::binary::{infer_binary, operands};
 use crate::support::*;
 
 fn infer_compare(inputs: &[TensorType]) -> OpResult<Vec<TensorType>> {
-    let t = infer_binary(inputs, ALL, false)?;
+    let t = infer_binary(inputs, REAL, false)?;
     Ok(vec![TensorType::new(DType::Bool, t.shape)])
 }
 
@@ -43,7 +43,7 @@ macro_rules! compare_op {
                     }
                     s
                 },
-                arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
+                arbitrary: |g: &mut Gen| binary_arbitrary(g, REAL),
                 torch: Torch::Expr($torch),
             }
         }

@@ -27,7 +27,7 @@ macro_rules! logical_op {
                 arity: Arity::Exactly(2),
                 flags: Flags::ELEMENTWISE,
                 infer: |x, _| {
-                    let t = infer_binary(x, ALL, false)?;
+                    let t = infer_binary(x, REAL, false)?;
                     Ok(vec![TensorType::new(DType::Bool, t.shape)])
                 },
                 lower: |b, x, _| {
@@ -44,7 +44,7 @@ macro_rules! logical_op {
                     Ok(vec![binary(&l, &r, DType::Bool, DType::Bool, |_, _| 0.0, $f)?])
                 },
                 samples: || binary_samples(&[DType::Bool, DType::I32, DType::F32]),
-                arbitrary: |g: &mut Gen| binary_arbitrary(g, ALL),
+                arbitrary: |g: &mut Gen| binary_arbitrary(g, REAL),
                 torch: Torch::Expr($torch),
             }
         }

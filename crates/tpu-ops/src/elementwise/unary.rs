@@ -394,20 +394,6 @@ macro_rules! same_op {
     };
 }
 
-same_op!("neg", dtypes: SIGNED,
-    lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.negate", x),
-    reference: (|x: f64| -x, |x: i64| x.wrapping_neg()),
-    vjp: Some(|t, a| Ok(vec![Some(t.neg(a.grads[0])?)])),
-    range: (-3.0, 3.0),
-    torch: "torch.neg(x[0])");
-
-same_op!("abs", dtypes: SIGNED,
-    lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.abs", x),
-    reference: (f64::abs, |x: i64| x.wrapping_abs()),
-    vjp: Some(|t, a| chain(t, a, |t, x, _| t.unary("sign", x))),
-    range: (-3.0, 3.0),
-    torch: "torch.abs(x[0])");
-
 same_op!("sign", dtypes: SIGNED,
     lower: |b: &mut Builder, x: &Value| b.unary("stablehlo.sign", x),
     reference: (|x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x }, i64::signum),
@@ -539,15 +525,15 @@ inventory::submit! {
         name: "logical_not",
         arity: Arity::Exactly(1),
         flags: Flags::ELEMENTWISE,
-        infer: |x, _| infer_predicate(x, ALL),
+        infer: |x, _| infer_predicate(x, REAL),
         lower: |b, x, _| {
             let x = &x[0];
             let zero = b.constant(x.dtype(), x.dims(), 0.0);
             Ok(vec![b.compare(Compare::Eq, x, &zero)])
         },
         reference: |x, _| Ok(vec![map_predicate(one(x)?, |v| v == 0.0, |v| v == 0)]),
-        samples: || unary_samples(ALL, -2.0, 2.0),
-        arbitrary: |g: &mut Gen| unary_arbitrary(g, ALL, -2.0, 2.0),
+        samples: || unary_samples(REAL, -2.0, 2.0),
+        arbitrary: |g: &mut Gen| unary_arbitrary(g, REAL, -2.0, 2.0),
         torch: Torch::Expr("torch.logical_not(x[0])"),
     }
 }

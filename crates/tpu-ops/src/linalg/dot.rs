@@ -558,6 +558,7 @@ fn broadcast_host(x: &HostTensor, shape: &Shape) -> OpResult<HostTensor> {
     Ok(match x.data() {
         HostData::Float(a) => HostTensor::float(x.dtype(), broadcast_array(a, shape.dims())?),
         HostData::Int(a) => HostTensor::int(x.dtype(), broadcast_array(a, shape.dims())?),
+        HostData::Complex(a) => HostTensor::complex(x.dtype(), broadcast_array(a, shape.dims())?),
     })
 }
 

@@ -1,11 +1,13 @@
 //! Linear algebra: matmul with batching and broadcasting, dot_general,
 //! convolutions, pooling, triangular solves, the Cholesky factorization,
-//! LU with partial pivoting, QR and the symmetric eigendecomposition.
+//! LU with partial pivoting, QR and the symmetric eigendecomposition; the
+//! discrete Fourier transform.
 
 mod conv;
 mod decomp;
 mod dot;
 mod factor;
+mod fft;
 mod lu;
 mod pool;
 #[cfg(test)]

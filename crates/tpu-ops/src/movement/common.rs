@@ -9,7 +9,7 @@ use tpu_core::invalid;
 use tpu_core::op::Gen;
 use tpu_core::op::{Attrs, IndexBound, OpResult, Tape, Var};
 use tpu_core::stablehlo::{Builder, TensorType, Value, dim_list, i64_array, int_range};
-use tpu_core::{DType, Shape};
+use tpu_core::{Complex, DType, Shape};
 
 /// Dtypes accepted for index inputs.
 pub(crate) const INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32];
@@ -114,6 +114,9 @@ pub(crate) fn remap_tensor(
         HostData::Int(a) => {
             HostTensor::int(x.dtype(), remap(a, out, int_fill(x.dtype(), fill), src))
         }
+        HostData::Complex(a) => {
+            HostTensor::complex(x.dtype(), remap(a, out, Complex::new(fill, 0.0), src))
+        }
     }
 }
 
@@ -214,6 +217,12 @@ pub(crate) fn scatter_tensor(
         (HostData::Int(a), HostData::Int(u)) => {
             HostTensor::int(dtype, run(a.clone(), u, dest, |p, q| combine.ints(p, q)))
         }
+        // Replacing and adding are what complex tensors scatter by.
+        (HostData::Complex(a), HostData::Complex(u)) => match combine {
+            Combine::Replace => HostTensor::complex(dtype, run(a.clone(), u, dest, |_, q| q)),
+            Combine::Add => HostTensor::complex(dtype, run(a.clone(), u, dest, |p, q| p + q)),
+            _ => return Err(crate::support::complex_unsupported()),
+        },
         _ => return Err("scatter operands disagree in kind".into()),
     })
 }
@@ -221,7 +230,12 @@ pub(crate) fn scatter_tensor(
 /// Casts each tensor to `dtype` and joins them along `dim`.
 pub(crate) fn concat_tensors(xs: &[HostTensor], dim: usize, dtype: DType) -> OpResult<HostTensor> {
     let err = |e: ndarray::ShapeError| format!("cannot join the inputs: {e}");
-    if dtype.is_float() {
+    if dtype.is_complex() {
+        let arrays: Vec<_> = xs.iter().map(|x| x.cast(dtype).to_complex()).collect();
+        let views: Vec<_> = arrays.iter().map(|a| a.view()).collect();
+        let out = ndarray::concatenate(ndarray::Axis(dim), &views).map_err(err)?;
+        Ok(HostTensor::complex(dtype, out))
+    } else if dtype.is_float() {
         let arrays: Vec<ArrayD<f64>> = xs.iter().map(|x| x.cast(dtype).to_f64()).collect();
         let views: Vec<_> = arrays.iter().map(|a| a.view()).collect();
         let out = ndarray::concatenate(ndarray::Axis(dim), &views).map_err(err)?;
@@ -464,7 +478,7 @@ pub(crate) fn pad_to(t: &mut dyn Tape, g: Var, shape: &Shape) -> OpResult<Var> {
 /// non-float inputs.
 pub(crate) fn grad_as(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
     let ty = t.ty(input)?;
-    if !ty.dtype.is_float() {
+    if !ty.dtype.is_inexact() {
         return Ok(None);
     }
     Ok(Some(t.cast(g, ty.dtype)?))

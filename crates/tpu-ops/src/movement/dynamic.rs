@@ -101,12 +101,15 @@ fn slice_reference(x: &[HostTensor], attrs: &Attrs) -> OpResult<Vec<HostTensor>>
         HostData::Int(a) => {
             HostTensor::int(x[0].dtype(), a.slice_axis(Axis(dim), window).to_owned())
         }
+        HostData::Complex(a) => {
+            HostTensor::complex(x[0].dtype(), a.slice_axis(Axis(dim), window).to_owned())
+        }
     }])
 }
 
 #[cfg(feature = "conformance")]
 fn slice_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 4);
     let dim = random_dim(g, shape.rank());
     let size = shape.dims()[normalize_dim(dim, shape.rank()).unwrap_or(0)];
@@ -120,6 +123,7 @@ inventory::submit! {
     op_def! {
         name: "dynamic_slice",
         arity: Arity::Exactly(2),
+        dtypes: ANY,
         infer: |x, attrs| Ok(vec![slice_type(x, attrs)?.1]),
         lower: slice_lower,
         reference: slice_reference,
@@ -200,13 +204,18 @@ fn update_reference(x: &[HostTensor], attrs: &Attrs) -> OpResult<Vec<HostTensor>
             out.slice_axis_mut(Axis(dim), window).assign(u);
             HostTensor::int(x[0].dtype(), out)
         }
+        (HostData::Complex(a), HostData::Complex(u)) => {
+            let mut out = a.clone();
+            out.slice_axis_mut(Axis(dim), window).assign(u);
+            HostTensor::complex(x[0].dtype(), out)
+        }
         _ => return Err(invalid!("dynamic_update_slice: the update's dtype differs")),
     }])
 }
 
 #[cfg(feature = "conformance")]
 fn update_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 4);
     let dim = random_dim(g, shape.rank());
     let d = normalize_dim(dim, shape.rank()).unwrap_or(0);
@@ -229,6 +238,7 @@ inventory::submit! {
     op_def! {
         name: "dynamic_update_slice",
         arity: Arity::Exactly(3),
+        dtypes: ANY,
         infer: |x, attrs| Ok(vec![update_type(x, attrs)?.1]),
         lower: update_lower,
         reference: update_reference,

@@ -85,7 +85,7 @@ fn gather_ref(x: &HostTensor, idx: &HostTensor, dim: usize) -> OpResult<HostTens
 /// The gradient of an element gather: the output gradient added back at
 /// the gathered positions.
 fn gather_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, dim: usize) -> OpResult<Option<Var>> {
-    if !t.ty(x)?.dtype.is_float() {
+    if !t.ty(x)?.dtype.is_inexact() {
         return Ok(None);
     }
     let zeros = zeros_like(t, x)?;
@@ -95,7 +95,7 @@ fn gather_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, dim: usize) -> OpResul
 
 #[cfg(feature = "conformance")]
 fn gather_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let xs = g.shape(0, 4);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -126,6 +126,7 @@ inventory::submit! {
     op_def! {
         name: "gather",
         arity: Arity::Exactly(2),
+        dtypes: ANY,
         indices: |x, attrs| index_into(&x[0], gather_plan(&x[0], &x[1], attrs)),
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;
@@ -254,7 +255,7 @@ fn take_ref(x: &HostTensor, idx: &HostTensor, p: &TakePlan) -> OpResult<HostTens
 
 fn take_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, attrs: &Attrs) -> OpResult<Option<Var>> {
     let (xt, it) = (t.ty(x)?, t.ty(idx)?);
-    if !xt.dtype.is_float() {
+    if !xt.dtype.is_inexact() {
         return Ok(None);
     }
     let p = take_plan(&xt, &it, attrs)?;
@@ -281,7 +282,7 @@ fn take_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, attrs: &Attrs) -> OpResu
 
 #[cfg(feature = "conformance")]
 fn take_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let xs = g.shape(0, 3);
     let rank = xs.rank();
     let (dim, size, is) = if g.below(4) == 0 {
@@ -396,7 +397,7 @@ fn select_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<(usi
 
 #[cfg(feature = "conformance")]
 fn index_select_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let xs = g.shape(0, 4);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -447,7 +448,7 @@ inventory::submit! {
         },
         vjp: Some(|t, a| {
             let x = a.inputs[0];
-            if !t.ty(x)?.dtype.is_float() {
+            if !t.ty(x)?.dtype.is_inexact() {
                 return Ok(vec![None, None]);
             }
             let zeros = zeros_like(t, x)?;
@@ -478,7 +479,7 @@ fn embedding_plan(w: &TensorType, idx: &TensorType) -> OpResult<Shape> {
 #[cfg(feature = "conformance")]
 fn embedding_sample(g: &mut Gen) -> Sample {
     let dtype = if g.below(4) == 0 {
-        g.pick(ALL)
+        g.pick(REAL)
     } else {
         g.pick(FLOATS)
     };
@@ -519,7 +520,7 @@ inventory::submit! {
         vjp: Some(|t, a| {
             let (w, idx) = (a.inputs[0], a.inputs[1]);
             let wt = t.ty(w)?;
-            if !wt.dtype.is_float() {
+            if !wt.dtype.is_inexact() {
                 return Ok(vec![None, None]);
             }
             let n = t.ty(idx)?.shape.numel();

@@ -107,7 +107,7 @@ fn concat_vjp(
     let mut offset = 0i64;
     let mut out = Vec::with_capacity(inputs.len());
     for (i, ty) in types.iter().enumerate() {
-        if !ty.dtype.is_float() {
+        if !ty.dtype.is_inexact() {
             if plan.used[i] {
                 offset += ty.shape.dims()[plan.dim] as i64;
             }
@@ -148,7 +148,7 @@ fn join_shapes(g: &mut Gen, shape: &Shape, dim: usize, n: usize) -> Vec<Shape> {
 
 #[cfg(feature = "conformance")]
 fn concat_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape_nonempty(1, 3);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -158,7 +158,7 @@ fn concat_sample(g: &mut Gen) -> Sample {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let dt = if g.below(4) == 0 { g.pick(ALL) } else { dtype };
+            let dt = if g.below(4) == 0 { g.pick(ANY) } else { dtype };
             if i > 0 && g.below(8) == 0 {
                 g.tensor(dt, &Shape::new(vec![0]))
             } else {
@@ -173,6 +173,7 @@ inventory::submit! {
     op_def! {
         name: "concat",
         arity: Arity::AtLeast(1),
+        dtypes: ANY,
         infer: |x, attrs| Ok(vec![concat_plan(x, attrs)?.out]),
         lower: |b, x, attrs| Ok(vec![concat_lower(b, x, attrs)?]),
         reference: |x, attrs| Ok(vec![concat_ref(x, attrs)?]),
@@ -201,14 +202,14 @@ fn stack_plan(types: &[TensorType], attrs: &Attrs) -> OpResult<(usize, TensorTyp
 
 #[cfg(feature = "conformance")]
 fn stack_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 3);
     let rank = shape.rank() + 1;
     let dim = random_dim(g, rank);
     let n = 1 + g.below(4);
     let inputs: Vec<HostTensor> = (0..n)
         .map(|_| {
-            let dt = if g.below(4) == 0 { g.pick(ALL) } else { dtype };
+            let dt = if g.below(4) == 0 { g.pick(ANY) } else { dtype };
             g.tensor(dt, &shape)
         })
         .collect();
@@ -219,6 +220,7 @@ inventory::submit! {
     op_def! {
         name: "stack",
         arity: Arity::AtLeast(1),
+        dtypes: ANY,
         infer: |x, attrs| Ok(vec![stack_plan(x, attrs)?.1]),
         lower: |b, x, attrs| {
             let types: Vec<TensorType> = x.iter().map(|v| v.ty().clone()).collect();
@@ -248,7 +250,7 @@ inventory::submit! {
             let (dim, _) = stack_plan(&types, a.attrs)?;
             let mut out = Vec::with_capacity(a.inputs.len());
             for (i, &x) in a.inputs.iter().enumerate() {
-                if !types[i].dtype.is_float() {
+                if !types[i].dtype.is_inexact() {
                     out.push(None);
                     continue;
                 }
@@ -367,7 +369,7 @@ fn split_vjp(t: &mut dyn Tape, grads: &[Var], dim: usize) -> OpResult<Vec<Option
 
 #[cfg(feature = "conformance")]
 fn split_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 3);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -398,6 +400,7 @@ inventory::submit! {
     op_def! {
         name: "split",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -448,7 +451,7 @@ fn chunk_plan(shape: &Shape, attrs: &Attrs) -> OpResult<(usize, Vec<usize>)> {
 
 #[cfg(feature = "conformance")]
 fn chunk_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 3);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -461,6 +464,7 @@ inventory::submit! {
     op_def! {
         name: "chunk",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;

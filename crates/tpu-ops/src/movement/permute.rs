@@ -58,7 +58,7 @@ fn permute_ref(x: &HostTensor, perm: &[usize]) -> HostTensor {
 
 #[cfg(feature = "conformance")]
 fn permute_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let rank = shape.rank();
     let mut perm: Vec<i64> = (0..rank as i64).collect();
@@ -81,6 +81,7 @@ inventory::submit! {
     op_def! {
         name: "permute",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -120,7 +121,7 @@ fn swap_perm(rank: usize, attrs: &Attrs) -> OpResult<Vec<usize>> {
 
 #[cfg(feature = "conformance")]
 fn transpose_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let d0 = random_dim(g, shape.rank());
     let d1 = random_dim(g, shape.rank());
@@ -134,6 +135,7 @@ inventory::submit! {
     op_def! {
         name: "transpose",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -168,7 +170,7 @@ fn unsqueezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
 
 #[cfg(feature = "conformance")]
 fn unsqueeze_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let r = shape.rank() as i64 + 1;
     let d = g.below(r as usize) as i64 - if g.bool() { r } else { 0 };
@@ -179,6 +181,7 @@ inventory::submit! {
     op_def! {
         name: "unsqueeze",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -218,7 +221,7 @@ fn squeezed(shape: &Shape, attrs: &Attrs) -> OpResult<Shape> {
 
 #[cfg(feature = "conformance")]
 fn squeeze_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     // Put some size-1 dims in.
     let dims: Vec<usize> = shape
@@ -238,6 +241,7 @@ inventory::submit! {
     op_def! {
         name: "squeeze",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -279,7 +283,7 @@ fn flip_ref(x: &HostTensor, dims: &[usize]) -> HostTensor {
 
 #[cfg(feature = "conformance")]
 fn flip_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let dims = random_dims(g, shape.rank());
     Sample::new(
@@ -292,6 +296,7 @@ inventory::submit! {
     op_def! {
         name: "flip",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             flip_dims(t.shape.rank(), attrs)?;
@@ -417,7 +422,7 @@ fn roll_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 
 #[cfg(feature = "conformance")]
 fn roll_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let mut attrs = Attrs::new();
     let shift = |g: &mut Gen| g.below(13) as i64 - 6;
@@ -440,6 +445,7 @@ inventory::submit! {
     op_def! {
         name: "roll",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             roll_plan(t, attrs)?;

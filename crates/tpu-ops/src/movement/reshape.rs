@@ -48,7 +48,7 @@ fn reshape_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
 
 #[cfg(feature = "conformance")]
 fn reshape_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let x = g.tensor(dtype, &shape);
     // Regroup the same elements: flatten, split a factor out, or use -1.
@@ -66,6 +66,7 @@ inventory::submit! {
     op_def! {
         name: "reshape",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -117,7 +118,7 @@ fn broadcast_target(from: &Shape, attrs: &Attrs) -> OpResult<Shape> {
 
 #[cfg(feature = "conformance")]
 fn broadcast_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let target = g.shape(0, 4);
     let from = g.broadcastable(&target);
     let x = g.tensor(dtype, &from);
@@ -128,6 +129,7 @@ inventory::submit! {
     op_def! {
         name: "broadcast_to",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -143,6 +145,7 @@ inventory::submit! {
             Ok(vec![match x.data() {
                 HostData::Float(a) => HostTensor::float(x.dtype(), broadcast_array(a, target.dims())?),
                 HostData::Int(a) => HostTensor::int(x.dtype(), broadcast_array(a, target.dims())?),
+                HostData::Complex(a) => HostTensor::complex(x.dtype(), broadcast_array(a, target.dims())?),
             }])
         },
         vjp: Some(|t, a| {

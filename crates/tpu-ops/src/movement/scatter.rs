@@ -14,6 +14,7 @@ use tpu_core::out_of_range;
 use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::common::*;
+use crate::support::ANY;
 #[cfg(feature = "conformance")]
 use crate::support::*;
 
@@ -119,7 +120,7 @@ fn scatter_ref(x: &[HostTensor], dim: usize, combine: Combine) -> OpResult<HostT
 fn src_grad(t: &mut dyn Tape, a: &VjpArgs<'_>, dim: usize) -> OpResult<Option<Var>> {
     let (idx, src) = (a.inputs[1], a.inputs[2]);
     let st = t.ty(src)?;
-    if !st.dtype.is_float() {
+    if !st.dtype.is_inexact() {
         return Ok(None);
     }
     let attrs = Attrs::new().with("dim", dim as i64);
@@ -132,7 +133,7 @@ fn src_grad(t: &mut dyn Tape, a: &VjpArgs<'_>, dim: usize) -> OpResult<Option<Va
 fn scatter_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>, combine: Combine) -> OpResult<Vec<Option<Var>>> {
     let (x, idx, src) = (a.inputs[0], a.inputs[1], a.inputs[2]);
     let dim = scatter_plan(&t.ty(x)?, &t.ty(idx)?, &t.ty(src)?, a.attrs)?;
-    let gx = if !t.ty(x)?.dtype.is_float() {
+    let gx = if !t.ty(x)?.dtype.is_inexact() {
         None
     } else if combine == Combine::Add {
         Some(a.grads[0])
@@ -217,8 +218,8 @@ inventory::submit! {
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Replace),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Replace),
         vjp: Some(|t, a| scatter_vjp(t, a, Combine::Replace)),
-        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ALL, true)).collect(),
-        arbitrary: |g| scatter_sample(g, ALL, true),
+        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), REAL, true)).collect(),
+        arbitrary: |g| scatter_sample(g, REAL, true),
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
@@ -229,14 +230,15 @@ inventory::submit! {
     op_def! {
         name: "scatter_add",
         arity: Arity::Exactly(3),
+        dtypes: ANY,
         indices: |x, attrs| index_into(&x[0], scatter_plan(&x[0], &x[1], &x[2], attrs)),
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Add),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Add),
         vjp: Some(|t, a| scatter_vjp(t, a, Combine::Add)),
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
-        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ALL, false)).collect(),
-        arbitrary: |g| scatter_sample(g, ALL, false),
+        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), REAL, false)).collect(),
+        arbitrary: |g| scatter_sample(g, REAL, false),
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter_add(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
@@ -251,7 +253,7 @@ fn reduce_attr(attrs: &Attrs) -> OpResult<Combine> {
 
 #[cfg(feature = "conformance")]
 fn reduce_sample(g: &mut Gen) -> Sample {
-    let mut s = scatter_sample(g, ALL, false);
+    let mut s = scatter_sample(g, REAL, false);
     s.attrs
         .set("reduce", g.pick(&["sum", "prod", "amax", "amin"]));
     s
@@ -323,7 +325,7 @@ fn index_add_plan(
 
 #[cfg(feature = "conformance")]
 fn index_add_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(REAL);
     let xs = g.shape(0, 3);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -399,7 +401,7 @@ inventory::submit! {
             let dim = index_add_plan(&t.ty(x)?, &t.ty(idx)?, &t.ty(src)?, a.attrs)?;
             let gx = grad_as(t, a.grads[0], x)?;
             let st = t.ty(src)?;
-            let gs = if st.dtype.is_float() {
+            let gs = if st.dtype.is_inexact() {
                 let attrs = Attrs::new().with("dim", dim as i64);
                 let g = t.call1("index_select", &[a.grads[0], idx], attrs)?;
                 Some(t.reshape(g, &st.shape)?)

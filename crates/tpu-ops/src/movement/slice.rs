@@ -105,7 +105,7 @@ fn slice_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
 
 #[cfg(feature = "conformance")]
 fn slice_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 4);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -154,6 +154,7 @@ inventory::submit! {
     op_def! {
         name: "slice",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -206,7 +207,7 @@ fn narrow_range(shape: &Shape, attrs: &Attrs) -> OpResult<Range> {
 
 #[cfg(feature = "conformance")]
 fn narrow_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(1, 4);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -230,6 +231,7 @@ inventory::submit! {
     op_def! {
         name: "narrow",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -278,7 +280,7 @@ fn select_range(shape: &Shape, attrs: &Attrs) -> OpResult<(Range, Shape)> {
 
 #[cfg(feature = "conformance")]
 fn select_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape_nonempty(1, 4);
     let rank = shape.rank();
     let dim = random_dim(g, rank);
@@ -293,6 +295,7 @@ inventory::submit! {
     op_def! {
         name: "select",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -376,7 +379,7 @@ fn pad_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 
 #[cfg(feature = "conformance")]
 fn pad_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(0, 4);
     let rank = shape.rank();
     let n = g.below(rank + 1);
@@ -402,6 +405,7 @@ inventory::submit! {
     op_def! {
         name: "pad",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(t.dtype, pad_plan(&t.shape, attrs)?.2)])

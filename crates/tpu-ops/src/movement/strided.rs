@@ -503,7 +503,7 @@ fn sample_attrs(g: &mut Gen, v: &View) -> Attrs {
 /// A random view and a tensor with at least the elements it reaches.
 #[cfg(feature = "conformance")]
 fn view_sample(g: &mut Gen, writable: bool) -> (View, HostTensor) {
-    let dtype = g.pick(ALL);
+    let dtype = g.pick(ANY);
     let v = random_view(g, writable);
     let n = v.extent() + g.below(3);
     let shape = storage_shape(g, n);
@@ -610,6 +610,7 @@ inventory::submit! {
     op_def! {
         name: "as_strided",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         flags: Flags::VIEW,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
@@ -627,7 +628,7 @@ inventory::submit! {
         vjp: Some(|t, a| {
             let x = a.inputs[0];
             let xt = t.ty(x)?;
-            if !xt.dtype.is_float() {
+            if !xt.dtype.is_inexact() {
                 return Ok(vec![None]);
             }
             let v = View::parse(xt.shape.numel(), a.attrs)?;
@@ -643,6 +644,7 @@ inventory::submit! {
     op_def! {
         name: "as_strided_scatter",
         arity: Arity::Exactly(2),
+        dtypes: ANY,
         infer: |x, attrs| {
             let (base, src) = two(x)?;
             scatter_view(base, src, attrs)?;
@@ -661,7 +663,7 @@ inventory::submit! {
             let (base, src) = (a.inputs[0], a.inputs[1]);
             let (bt, st) = (t.ty(base)?, t.ty(src)?);
             let v = scatter_view(&bt, &st, a.attrs)?;
-            if !bt.dtype.is_float() {
+            if !bt.dtype.is_inexact() {
                 return Ok(vec![None, None]);
             }
             let g = t.cast(a.grads[0], bt.dtype)?;

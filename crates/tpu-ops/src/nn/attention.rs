@@ -207,6 +207,7 @@ fn attn_ref(x: &[HostTensor], attrs: &Attrs) -> OpResult<HostTensor> {
                     .map(|&keep| if keep != 0.0 { 0.0 } else { f64::NEG_INFINITY })
                     .collect(),
                 HostData::Float(_) => full.iter().copied().collect(),
+                HostData::Complex(_) => return Err(complex_unsupported()),
             })
         }
     };

@@ -50,6 +50,7 @@ fn extreme_ref(x: &HostTensor, attrs: &Attrs, largest: bool) -> OpResult<HostTen
             let values = gs.iter().map(|g| g.iter().copied().fold(init, f)).collect();
             float_result(x.dtype(), &kept, values, &out)
         }
+        HostData::Complex(_) => Err(complex_unsupported()),
         HostData::Int(a) => {
             let (kept, gs) = groups(a, &dims);
             let values = gs
@@ -87,8 +88,8 @@ macro_rules! extreme_op {
                 lower: |b, x, attrs| Ok(vec![lower_extreme(b, &x[0], attrs, $largest)?]),
                 reference: |x, attrs| Ok(vec![extreme_ref(one(x)?, attrs, $largest)?]),
                 vjp: Some(extreme_vjp),
-                samples: || (0..10).map(|i| reduce_sample_nonempty(&mut Gen::new(300 + i), ALL)).collect(),
-                arbitrary: |g: &mut Gen| reduce_sample_nonempty(g, ALL),
+                samples: || (0..10).map(|i| reduce_sample_nonempty(&mut Gen::new(300 + i), REAL)).collect(),
+                arbitrary: |g: &mut Gen| reduce_sample_nonempty(g, REAL),
                 torch: Torch::Expr($torch),
             }
         }
@@ -231,6 +232,7 @@ fn arg_ref(x: &HostTensor, attrs: &Attrs, largest: bool) -> OpResult<HostTensor>
                 gs.iter().map(|g| arg_of(g, largest, f64::is_nan)).collect(),
             )
         }
+        HostData::Complex(_) => return Err(complex_unsupported()),
         HostData::Int(a) => {
             let (kept, gs) = groups(a, &[d]);
             (

@@ -22,7 +22,11 @@ pub(crate) fn reduce_args(shape: &Shape, attrs: &Attrs) -> OpResult<(Vec<usize>,
 }
 
 fn sum_dtype(d: DType) -> DType {
-    if d.is_float() { d } else { DType::I64 }
+    if d.is_float() || d.is_complex() {
+        d
+    } else {
+        DType::I64
+    }
 }
 
 /// The dtype f16 and bf16 accumulate in.
@@ -48,7 +52,13 @@ fn sum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
     let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
     let out_shape = reduced_shape(&x.shape(), &dims, keepdim);
     let out = sum_dtype(x.dtype());
-    let t = if out.is_float() {
+    let t = if out.is_complex() {
+        let mut a = x.to_complex();
+        for &d in dims.iter().rev() {
+            a = a.sum_axis(Axis(d));
+        }
+        HostTensor::complex(out, a)
+    } else if out.is_float() {
         let mut a = x.to_f64();
         for &d in dims.iter().rev() {
             a = a.sum_axis(Axis(d));
@@ -94,6 +104,7 @@ inventory::submit! {
         name: "sum",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = x.first().ok_or("missing input")?;
             let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
@@ -109,8 +120,8 @@ inventory::submit! {
             Ok(vec![Some(t.broadcast_to(g, &x.shape)?)])
         }),
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
-        samples: || (0..8).map(|i| reduce_sample(&mut Gen::new(i), NUMERIC)).collect(),
-        arbitrary: |g: &mut Gen| reduce_sample(g, ALL),
+        samples: || (0..8).map(|i| reduce_sample(&mut Gen::new(i), NUMERIC)).chain((0..4).map(|i| reduce_sample(&mut Gen::new(40 + i), COMPLEX))).collect(),
+        arbitrary: |g: &mut Gen| reduce_sample(g, ANY),
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         torch: Torch::Expr(r#"(lambda d, k: torch.sum(x[0], d, keepdim=k) if d else torch.sum(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),

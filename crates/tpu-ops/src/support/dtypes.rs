@@ -39,8 +39,36 @@ pub const INTS_AND_BOOL: &[DType] = &[
     DType::U32,
     DType::Bool,
 ];
-/// Every dtype.
-pub const ALL: &[DType] = &DType::ALL;
+/// Every real (not complex) dtype.
+pub const REAL: &[DType] = &DType::REAL;
+/// The complex dtypes.
+pub const COMPLEX: &[DType] = &[DType::C64, DType::C128];
+/// Every dtype, complex ones included (what data movement takes).
+pub const ANY: &[DType] = &DType::ALL;
+/// Floats, integers and the complex dtypes (what arithmetic takes).
+pub const NUMERIC_OR_COMPLEX: &[DType] = &[
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I32,
+    DType::I64,
+    DType::I8,
+    DType::I16,
+    DType::U8,
+    DType::U32,
+    DType::C64,
+    DType::C128,
+];
+/// Float and complex dtypes (what most complex-capable math takes).
+pub const FLOAT_OR_COMPLEX: &[DType] = &[
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::C64,
+    DType::C128,
+];
 /// Signed numeric dtypes (what `neg` and `sign` take).
 pub const SIGNED: &[DType] = &[
     DType::F32,
@@ -53,10 +81,12 @@ pub const SIGNED: &[DType] = &[
     DType::I16,
 ];
 
-/// 0 for bool, 1 for integers, 2 for floats.
+/// 0 for bool, 1 for integers, 2 for floats, 3 for complex.
 fn category(d: DType) -> u8 {
     if d == DType::Bool {
         0
+    } else if d.is_complex() {
+        3
     } else if d.is_float() {
         2
     } else {
@@ -71,6 +101,13 @@ pub fn promote_dtypes(a: DType, b: DType) -> DType {
         return a;
     }
     match (category(a), category(b)) {
+        // A complex type with a real one: complex, with parts as wide as
+        // the wider float involved (`c64` with `f64` is `c128`).
+        (3, _) | (_, 3) => {
+            let part = promote_dtypes(a.real_part(), b.real_part());
+            part.complex_of()
+                .unwrap_or(if category(a) == 3 { a } else { b })
+        }
         (ca, cb) if ca != cb => {
             if ca > cb {
                 a
@@ -127,9 +164,9 @@ pub fn promote(a: &TensorType, b: &TensorType) -> DType {
 }
 
 /// The float dtype an integer computation is carried out in (PyTorch's
-/// default dtype), or `d` itself when it is already a float.
+/// default dtype), or `d` itself when it is already a float or complex.
 pub fn to_float(d: DType) -> DType {
-    if d.is_float() { d } else { DType::F32 }
+    if d.is_inexact() { d } else { DType::F32 }
 }
 
 /// An error unless `d` is in `allowed`: the op does not implement other
@@ -166,6 +203,10 @@ mod tests {
         assert_eq!(promote_dtypes(U8, I32), I32);
         assert_eq!(promote_dtypes(Bool, U8), U8);
         assert_eq!(promote_dtypes(F32, F64), F64);
+        assert_eq!(promote_dtypes(C64, F64), C128);
+        assert_eq!(promote_dtypes(I64, C64), C64);
+        assert_eq!(promote_dtypes(C64, C128), C128);
+        assert_eq!(promote_dtypes(BF16, C64), C64);
         let vector = TensorType::new(F16, [3]);
         let scalar = TensorType::new(F32, []);
         assert_eq!(promote(&vector, &scalar), F16);

@@ -4,8 +4,8 @@
 use ndarray::{ArrayD, IxDyn, Zip};
 use tpu_core::host::{HostData, HostTensor};
 use tpu_core::invalid;
-use tpu_core::op::OpResult;
-use tpu_core::{DType, Shape};
+use tpu_core::op::{OpError, OpResult};
+use tpu_core::{Complex, DType, Shape};
 
 /// Broadcasts an array to `shape` (NumPy rules), as an owned array.
 pub fn broadcast_array<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> OpResult<ArrayD<T>> {
@@ -24,6 +24,8 @@ pub fn map_same(x: &HostTensor, ff: impl Fn(f64) -> f64, fi: impl Fn(i64) -> i64
     match x.data() {
         HostData::Float(a) => HostTensor::float(x.dtype(), a.mapv(ff)),
         HostData::Int(a) => HostTensor::int(x.dtype(), a.mapv(fi)),
+        // Ops that take complex numbers list them and do not come here.
+        HostData::Complex(_) => HostTensor::float(x.dtype(), x.to_f64().mapv(ff)),
     }
 }
 
@@ -36,6 +38,7 @@ pub fn map_predicate(
     let values = match x.data() {
         HostData::Float(a) => a.mapv(|v| i64::from(ff(v))),
         HostData::Int(a) => a.mapv(|v| i64::from(fi(v))),
+        HostData::Complex(_) => x.to_f64().mapv(|v| i64::from(ff(v))),
     };
     HostTensor::int(DType::Bool, values)
 }
@@ -52,6 +55,17 @@ pub fn zip_f64(
     shape: &[usize],
     f: impl Fn(f64, f64) -> f64,
 ) -> OpResult<ArrayD<f64>> {
+    let (a, b) = (broadcast_array(a, shape)?, broadcast_array(b, shape)?);
+    Ok(Zip::from(&a).and(&b).map_collect(|&x, &y| f(x, y)))
+}
+
+/// Zips two complex arrays after broadcasting.
+pub fn zip_complex(
+    a: &ArrayD<Complex<f64>>,
+    b: &ArrayD<Complex<f64>>,
+    shape: &[usize],
+    f: impl Fn(Complex<f64>, Complex<f64>) -> Complex<f64>,
+) -> OpResult<ArrayD<Complex<f64>>> {
     let (a, b) = (broadcast_array(a, shape)?, broadcast_array(b, shape)?);
     Ok(Zip::from(&a).and(&b).map_collect(|&x, &y| f(x, y)))
 }
@@ -79,7 +93,9 @@ pub fn binary(
 ) -> OpResult<HostTensor> {
     let shape = out_shape(a, b)?;
     let (a, b) = (a.cast(compute), b.cast(compute));
-    if compute.is_float() {
+    if compute.is_complex() {
+        Err(complex_unsupported())
+    } else if compute.is_float() {
         Ok(HostTensor::float(
             out,
             zip_f64(&a.to_f64(), &b.to_f64(), shape.dims(), ff)?,
@@ -135,5 +151,16 @@ pub fn reshape_to(x: &HostTensor, shape: &Shape) -> OpResult<HostTensor> {
             let v: Vec<i64> = a.iter().copied().collect();
             HostTensor::int(x.dtype(), ArrayD::from_shape_vec(dims, v).map_err(bad)?)
         }
+        HostData::Complex(a) => {
+            let v: Vec<_> = a.iter().copied().collect();
+            HostTensor::complex(x.dtype(), ArrayD::from_shape_vec(dims, v).map_err(bad)?)
+        }
     })
+}
+
+/// The error of a reference that computes on real numbers only, should a
+/// complex tensor reach it (dispatch refuses complex inputs to ops that do
+/// not list complex dtypes, so this names a broken record).
+pub fn complex_unsupported() -> OpError {
+    OpError::unsupported("the reference takes no complex tensors")
 }
