@@ -17,12 +17,14 @@
 
 mod autograd;
 pub mod checkpoint;
+mod complex;
 pub mod data;
 #[doc = include_str!("../../../docs/rust-guide.md")]
 pub mod guide {}
 mod display;
 pub mod dist;
 mod error;
+mod fft;
 mod functional;
 pub mod models;
 pub mod nn;
@@ -33,6 +35,7 @@ mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
 pub use error::{Error, Result};
+pub use fft::FftNorm;
 pub use functional::Window;
 pub use random::{Generator, manual_seed};
 pub use tensor::Tensor;
@@ -43,14 +46,14 @@ pub use tpu_core::policy::{EagerMode, sync, with_policy_named};
 pub use tpu_core::profile;
 pub use tpu_core::program_record;
 pub use tpu_core::{
-    Arg, Buffer, CacheStats, Client, ClientOptions, CompileCache, CompileOptions, DType, Device,
-    DeviceDescription, Element, ErrorCode, Executable, HostBuffer, HostTensor, MemoryStats, Plugin,
-    Runtime, Shape,
+    Arg, Buffer, CacheStats, Client, ClientOptions, CompileCache, CompileOptions, Complex, DType,
+    Device, DeviceDescription, Element, ErrorCode, Executable, HostBuffer, HostTensor, MemoryStats,
+    Plugin, Runtime, Shape,
 };
 
 /// The names most programs need.
 pub mod prelude {
-    pub use crate::{DType, Device, EagerMode, Tensor, no_grad, with_eager_mode};
+    pub use crate::{DType, Device, EagerMode, FftNorm, Tensor, no_grad, with_eager_mode};
 }
 
 /// Runs `f` under eager mode `mode` on this thread; `f`'s error and the
