@@ -19,12 +19,15 @@
    eager: ms/token, the ratio, and for the first generation after a
    warm-up of another prompt length (11 tokens, 4 new ones): programs
    built, its ms/token (compiles included) and that against the CPU's.
-4. Distributed, on localhost: ``all_reduce`` latency and bus bandwidth of
+4. FFT: ``rfft`` of a [64, 4096] float32 batch, its ``irfft`` back, and an
+   ``stft`` magnitude of 64 one-second 16 kHz signals, on ``tpu`` (Strict)
+   against PyTorch CPU eager: ms per call and the ratio.
+5. Distributed, on localhost: ``all_reduce`` latency and bus bandwidth of
    ``tpu_dist`` on tpu tensors against Gloo on CPU tensors of the same
    sizes, in the same processes; a DDP step (an MLP, global batch 256) on
    1 and 2 ranks, on tpu (tpu_dist) and on the CPU (Gloo).
 
-    python crates/torch-bridge/benches/bench.py [--steps N] [--skip-gpt2] [--skip-generate]
+    python crates/torch-bridge/benches/bench.py [--steps N] [--skip-gpt2] [--skip-generate] [--skip-fft]
 """
 
 import argparse
@@ -105,6 +108,25 @@ def compiled_graph(repeats):
         rows.append(("tpu compiled (replay)", timed(lambda: compiled(tx, tw), repeats, torch.tpu.synchronize)))
     for name, t in rows:
         print(f"{name:<24}{t * 1e6:>14.1f}{t / cpu:>14.2f}")
+
+
+def spectral(repeats):
+    x = torch.randn(64, 4096)
+    audio = torch.randn(64, 16000)
+    window = torch.hann_window(512)
+    cases = [
+        ("rfft [64, 4096]", lambda x, a, w: torch.fft.rfft(x)),
+        ("irfft(rfft) [64, 4096]", lambda x, a, w: torch.fft.irfft(torch.fft.rfft(x), n=4096)),
+        ("|stft| 64 x 16000", lambda x, a, w: torch.stft(a, 512, hop_length=128, window=w, return_complex=True).abs()),
+    ]
+    print(f"\nFFT (median of 5 x {repeats} calls; tpu under strict)")
+    print(f"{'':<26}{'cpu eager ms':>14}{'tpu ms':>10}{'tpu/cpu time':>14}")
+    tx, ta, tw = x.to("tpu"), audio.to("tpu"), window.to("tpu")
+    with torch.no_grad(), torch.tpu.set_eager_mode("strict"):
+        for name, f in cases:
+            cpu = timed(lambda: f(x, audio, window), repeats, lambda: None)
+            tpu = timed(lambda: f(tx, ta, tw), repeats, torch.tpu.synchronize)
+            print(f"{name:<26}{cpu * 1e3:>14.2f}{tpu * 1e3:>10.2f}{tpu / cpu:>14.2f}")
 
 
 def gpt2_step(steps):
@@ -256,6 +278,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=200, help="op calls per sample")
     parser.add_argument("--skip-gpt2", action="store_true", help="skip the per-op and training benchmarks")
     parser.add_argument("--skip-generate", action="store_true", help="skip the generation benchmark")
+    parser.add_argument("--skip-fft", action="store_true", help="skip the FFT benchmark")
     args = parser.parse_args()
     print(torch.tpu.get_device_properties(0).description)
     if not args.skip_gpt2:
@@ -264,6 +287,8 @@ def main():
         gpt2_step(args.steps)
     if not args.skip_generate:
         generation()
+    if not args.skip_fft:
+        spectral(max(args.repeats // 20, 1))
     distributed(args.steps)
 
 

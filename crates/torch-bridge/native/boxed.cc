@@ -66,13 +66,14 @@ class Arguments {
       if (!t.defined()) return a;
       if (t.device().type() == kTpu) {
         a.kind = ArgKind::Tensor;
-        a.tensor = tensor(t);
+        a.tensor = tensor(resolved(schema, t));
         return a;
       }
-      if (t.device().is_cpu() && t.dim() > 0) {
+      if (t.device().is_cpu() && (t.dim() > 0 || t.is_complex())) {
         // Its bytes, in order: the kernel uploads them (copy_) or reports
-        // PyTorch's device error.
-        host_tensors_.push_back(t.contiguous());
+        // PyTorch's device error. (A 0-dim CPU tensor is a number, unless
+        // complex: numbers are real.)
+        host_tensors_.push_back(t.resolve_conj().resolve_neg().contiguous());
         const at::Tensor& dense = host_tensors_.back();
         a.kind = ArgKind::HostTensor;
         a.tensor.dtype = code(dense.scalar_type(), op_);
@@ -155,6 +156,21 @@ class Arguments {
                                 " is not supported natively");
   }
 
+  // `t`, or for a lazily conjugated view (`z.conj()`, which reaches the
+  // ops PyTorch lets handle the bit themselves: copies and clones) the
+  // values it stands for, made real by the device's conjugation of its
+  // storage's values (not `resolve_conj()`, which copies through here).
+  const at::Tensor& resolved(const c10::Argument& schema, const at::Tensor& t) {
+    if (!t.is_conj() && !t.is_neg()) return t;
+    const bool written = schema.alias_info() != nullptr && schema.alias_info()->isWrite();
+    TORCH_CHECK_NOT_IMPLEMENTED(!written && !t.is_neg(), "op `", op_,
+                                "` on tpu: a negated view, or writing into a conjugated "
+                                "one, is not supported; call resolve_conj() and "
+                                "resolve_neg() first");
+    resolved_.push_back(at::_ops::_conj_physical::call(t.conj()));
+    return resolved_.back();
+  }
+
   TensorRef tensor(const at::Tensor& t) {
     const c10::DeviceIndex index = t.device().index();
     TORCH_CHECK(any_devices_ || !device_ || *device_ == index,
@@ -195,6 +211,7 @@ class Arguments {
   std::vector<std::vector<double>> number_lists_;
   std::vector<std::vector<TensorRef>> tensor_lists_;
   std::vector<at::Tensor> host_tensors_;
+  std::vector<at::Tensor> resolved_;
 };
 
 // PyTorch's result type over the arguments at `indices` (tensors and

@@ -261,15 +261,17 @@ void check_bmm(const char* op, const at::Tensor& a, const at::Tensor& b) {
               ", ", b.size(1), "].");
 }
 
+// PyTorch hands products lazily conjugated operands (`a @ b.mH`): their
+// values are made real first (a copy, which conjugates on the device).
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
   check_mm("mm", self, mat2);
-  return product("mm", self, mat2, nullptr, 1, 0,
+  return product("mm", self.resolve_conj(), mat2.resolve_conj(), nullptr, 1, 0,
                  {self.size(0), mat2.size(1)});
 }
 
 at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
   check_bmm("bmm", self, mat2);
-  return product("bmm", self, mat2, nullptr, 1, 0,
+  return product("bmm", self.resolve_conj(), mat2.resolve_conj(), nullptr, 1, 0,
                  {self.size(0), self.size(1), mat2.size(2)});
 }
 

@@ -3,6 +3,8 @@
 #include <c10/core/TensorImpl.h>
 
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include "torch-bridge/native/allocator.h"
 
@@ -21,14 +23,30 @@ std::optional<Dtype> dtype_code(c10::ScalarType t) {
     case c10::ScalarType::BFloat16: return Dtype::Bf16;
     case c10::ScalarType::Float: return Dtype::F32;
     case c10::ScalarType::Double: return Dtype::F64;
+    case c10::ScalarType::ComplexFloat: return Dtype::C64;
+    case c10::ScalarType::ComplexDouble: return Dtype::C128;
     default: return std::nullopt;
   }
+}
+
+// The native kernels written for complex tensors too. Every other one
+// refuses them, so a complex value never meets a kernel that would read it
+// as real (a cast to a float type keeps only the real part).
+bool takes_complex(std::string_view op) {
+  static const std::unordered_set<std::string_view> ops = {
+      "add", "sub", "mul", "div", "neg", "neg_", "abs", "mm", "bmm",
+      "clone", "_to_copy", "copy_", "empty.memory_format", "empty_strided",
+      "cat", "zero_", "fill_.Scalar", "fill_.Tensor"};
+  return ops.count(op) != 0;
 }
 
 Dtype code(c10::ScalarType t, const char* op) {
   const std::optional<Dtype> c = dtype_code(t);
   TORCH_CHECK_NOT_IMPLEMENTED(c.has_value(), "op `", op, "` on tpu: ", t,
                               " tensors are not supported");
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      (*c != Dtype::C64 && *c != Dtype::C128) || takes_complex(op), "op `", op,
+      "` on tpu: ", t, " tensors are not supported yet");
   return *c;
 }
 
@@ -45,11 +63,17 @@ c10::ScalarType scalar_type(Dtype d) {
     case Dtype::Bf16: return c10::ScalarType::BFloat16;
     case Dtype::F32: return c10::ScalarType::Float;
     case Dtype::F64: return c10::ScalarType::Double;
+    case Dtype::C64: return c10::ScalarType::ComplexFloat;
+    case Dtype::C128: return c10::ScalarType::ComplexDouble;
   }
   TORCH_CHECK(false, "internal error: an unknown dtype code");
 }
 
 TensorRef tensor_ref(const at::Tensor& t, const char* op) {
+  // Its storage holds the values before the lazy conjugation or negation.
+  TORCH_CHECK_NOT_IMPLEMENTED(!t.is_conj() && !t.is_neg(), "op `", op,
+                              "` on tpu: a conjugated or negated view; call "
+                              "resolve_conj() or resolve_neg() first");
   TensorRef r{};
   r.address = reinterpret_cast<std::uintptr_t>(t.storage().data());
   r.dtype = code(t.scalar_type(), op);

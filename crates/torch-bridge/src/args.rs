@@ -5,12 +5,12 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use tpu_core::op::{Attr, Attrs};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::kernels::scalar;
+use crate::kernels::{cast, scalar};
 use crate::torch::{View, dtype_of, upload};
 
 /// Attribute names are `&'static str` in tpu-rs; names from Python are
@@ -101,9 +101,23 @@ pub fn host_value(
         let f: f64 = v.extract()?;
         return scalar(dtype.unwrap_or(DType::F32), f, device);
     }
+    if v.is_instance_of::<PyComplex>() {
+        return Err(BridgeError::Unsupported(
+            "complex Python numbers are not supported on tpu yet; use a complex tensor".into(),
+        ));
+    }
     // A CPU tensor: PyTorch passes wrapped numbers and 0-dim tensors so.
     let py = v.py();
     let ndim: usize = v.getattr(pyo3::intern!(py, "ndim"))?.extract()?;
+    let complex = dtype_of(&v.getattr(pyo3::intern!(py, "dtype"))?).is_ok_and(|d| d.is_complex());
+    if ndim == 0 && complex {
+        // Its value is not one real number: uploaded as it is.
+        let value = upload(v, device)?;
+        return match dtype {
+            Some(d) => cast(value, d),
+            None => Ok(value),
+        };
+    }
     if ndim == 0 {
         // Made directly in the promoted dtype: a cast would be one more op.
         let d = match dtype {

@@ -25,6 +25,8 @@ pub(crate) mod ffi {
         Bf16,
         F32,
         F64,
+        C64,
+        C128,
     }
 
     /// A tpu tensor a C++ kernel passes: its storage's address, its dtype

@@ -9,8 +9,7 @@ use tpu_ops::registry;
 
 use crate::args::{Inputs, attrs, host_value, is_number, tensors};
 use crate::error::{BridgeError, Result};
-use crate::kernels::{broadcast, call, cast};
-use crate::storage::write;
+use crate::kernels::{call, cast};
 use crate::torch::{View, cpu_tensor, dtype_of, host_copy, wrap};
 
 fn inputs<'py>(
@@ -24,6 +23,14 @@ fn inputs<'py>(
     let (mut xs, device) = tensors(&values, dtype, cast_from, Inputs::Op(op))?;
     if let Some(d) = dtype {
         for x in xs.iter_mut().skip(cast_from) {
+            // A kernel's type promotion that lands on a real dtype was
+            // written for real inputs: the cast would drop imaginary parts.
+            if x.dtype().is_complex() && !d.is_complex() {
+                return Err(BridgeError::Unsupported(format!(
+                    "op `{op}` on tpu: {} tensors are not supported yet",
+                    x.dtype()
+                )));
+            }
             *x = cast(x.clone(), d)?;
         }
     }
@@ -83,9 +90,7 @@ pub fn run_into<'py>(
 pub(crate) fn store(dst: &Bound<'_, PyAny>, value: Tensor) -> Result<()> {
     let view = View::of(dst)?
         .ok_or_else(|| BridgeError::internal("an out tensor is not on the tpu device"))?;
-    let storage = &view.storage;
-    let value = broadcast(cast(value, storage.dtype())?, &view.layout.size)?;
-    write(storage, &view.layout, value)
+    view.write(value)
 }
 
 /// `dst.copy_(src)`: `src` is a tpu tensor on any device, a CPU tensor or

@@ -13,7 +13,6 @@ use tpu_core::{DType, Device, HostTensor, Tensor};
 use crate::args::attrs;
 use crate::error::{BridgeError, Result};
 use crate::kernels::{broadcast, call, cast};
-use crate::storage::write;
 use crate::torch::View;
 
 /// One device's generator.
@@ -134,13 +133,12 @@ pub fn fill_random(
     attrs: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     let view = View::of(out)?.ok_or_else(|| BridgeError::internal("not a tpu tensor"))?;
-    let storage = &view.storage;
     let value = draw(
         op,
         &view.layout.size,
-        storage.dtype(),
+        view.dtype,
         self::attrs(attrs)?,
-        storage.device(),
+        view.storage.device(),
     )?;
-    Ok(write(storage, &view.layout, value)?)
+    Ok(view.write(value)?)
 }

@@ -428,6 +428,97 @@ fn read_window(value: Tensor, layout: &Layout) -> Result<Tensor> {
     call1("as_strided", &[window], &at_start.attrs())
 }
 
+/// The value of view `layout` of `storage` read as `dtype`: the storage's
+/// own dtype, or the other side of a complex dtype and its part type: a
+/// complex element is two elements (real, imaginary) of a part-typed view
+/// (`view_as_real`, `z.real`), and two part-typed elements one complex
+/// element of a complex view (`view_as_complex`).
+pub fn read_as(storage: &Storage, layout: &Layout, dtype: DType) -> Result<Tensor> {
+    if dtype == storage.dtype() {
+        return read(storage, layout);
+    }
+    let flat = reinterpreted(storage, dtype)?;
+    if layout.numel() == 0 {
+        return full(dtype, &layout.size, 0.0, storage.device);
+    }
+    call1("as_strided", &[flat], &layout.attrs())
+}
+
+/// [`write`] through a view read as `dtype` ([`read_as`]).
+pub fn write_as(storage: &Storage, layout: &Layout, dtype: DType, src: Tensor) -> Result<()> {
+    if dtype == storage.dtype() {
+        return write(storage, layout, src);
+    }
+    let flat = reinterpreted(storage, dtype)?;
+    if layout.numel() == 0 {
+        return Ok(());
+    }
+    let written = call1("as_strided_scatter", &[flat, src], &layout.attrs())?;
+    let held = if dtype.is_complex() {
+        parts_of(written)?
+    } else {
+        complex_of(written)?
+    };
+    let shape = storage.value()?.shape().dims().to_vec();
+    storage.set(call1(
+        "reshape",
+        &[held],
+        &Attrs::new().with("shape", shape),
+    )?)
+}
+
+/// The storage's values as a flat run of `dtype` elements, where `dtype`
+/// and the storage's dtype are a complex type and its part type.
+fn reinterpreted(storage: &Storage, dtype: DType) -> Result<Tensor> {
+    let held = storage.dtype();
+    let pair = if held.is_complex() {
+        dtype == held.real_part()
+    } else {
+        dtype.is_complex() && dtype.real_part() == held && storage.numel() % 2 == 0
+    };
+    if !pair {
+        return Err(BridgeError::Unsupported(format!(
+            "a {dtype} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
+        )));
+    }
+    let value = storage.value()?;
+    let value = call1(
+        "reshape",
+        &[value],
+        &Attrs::new().with("shape", vec![storage.numel()]),
+    )?;
+    if held.is_complex() {
+        parts_of(value)
+    } else {
+        complex_of(value)
+    }
+}
+
+/// Complex values as a flat run of their (real, imaginary) parts.
+fn parts_of(z: Tensor) -> Result<Tensor> {
+    let n = z.shape().numel();
+    let z = call1("reshape", &[z], &Attrs::new().with("shape", vec![n]))?;
+    let re = call1("real", std::slice::from_ref(&z), &Attrs::new())?;
+    let im = call1("imag", &[z], &Attrs::new())?;
+    let pairs = call1("stack", &[re, im], &Attrs::new().with("dim", 1i64))?;
+    call1(
+        "reshape",
+        &[pairs],
+        &Attrs::new().with("shape", vec![2 * n]),
+    )
+}
+
+/// A flat run of (real, imaginary) parts as complex values.
+fn complex_of(parts: Tensor) -> Result<Tensor> {
+    let n = parts.shape().numel() / 2;
+    let pairs = call1("reshape", &[parts], &Attrs::new().with("shape", vec![n, 2]))?;
+    let part = |k: i64| {
+        let attrs = Attrs::new().with("dim", 1i64).with("index", k);
+        call1("select", std::slice::from_ref(&pairs), &attrs)
+    };
+    call1("complex", &[part(0)?, part(1)?], &Attrs::new())
+}
+
 /// Writes `src` (shaped `layout.size`, the storage's dtype) through a view.
 pub fn write(storage: &Storage, layout: &Layout, src: Tensor) -> Result<()> {
     if layout.numel() == 0 {

@@ -12,13 +12,13 @@ use tpu_core::{DType, HostBuffer, Runtime, Tensor};
 
 use crate::error::{BridgeError, Result};
 use crate::layout::Layout;
-use crate::storage::{Handle, Padded, Storage, read};
+use crate::storage::{Handle, Padded, Storage};
 
 /// Attribute of a torch storage that holds its [`Storage`].
 const HANDLE: &str = "_tpu";
 
 /// torch dtypes and their tpu-rs counterparts.
-const DTYPES: [(&str, DType); 11] = [
+const DTYPES: [(&str, DType); 13] = [
     ("bool", DType::Bool),
     ("int8", DType::I8),
     ("int16", DType::I16),
@@ -30,6 +30,8 @@ const DTYPES: [(&str, DType); 11] = [
     ("bfloat16", DType::BF16),
     ("float32", DType::F32),
     ("float64", DType::F64),
+    ("complex64", DType::C64),
+    ("complex128", DType::C128),
 ];
 
 /// Python objects the bridge uses on every op, looked up once.
@@ -114,8 +116,11 @@ pub fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Bound<'_, PyAny>> {
 pub struct View {
     /// Its storage.
     pub storage: Arc<Storage>,
-    /// Where it sits in the storage.
+    /// Where it sits in the storage (in elements of `dtype`).
     pub layout: Layout,
+    /// Its dtype: the storage's, or a complex type and its part type on
+    /// the two sides ([`crate::storage::read_as`]).
+    pub dtype: DType,
 }
 
 impl View {
@@ -151,7 +156,9 @@ impl View {
         let offset: usize = t.call_method0(intern!(py, "storage_offset"))?.extract()?;
         let dtype = dtype_of(&t.getattr(intern!(py, "dtype"))?)?;
         let held = storage.dtype();
-        if dtype != held {
+        let paired = held.is_complex() && dtype == held.real_part()
+            || dtype.is_complex() && dtype.real_part() == held;
+        if dtype != held && !paired {
             return Err(BridgeError::Unsupported(format!(
                 "a {dtype} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
             )));
@@ -163,12 +170,21 @@ impl View {
                 stride,
                 offset,
             },
+            dtype,
         }))
     }
 
     /// Its value, shaped as the view.
     pub fn read(&self) -> Result<Tensor> {
-        read(&self.storage, &self.layout)
+        crate::storage::read_as(&self.storage, &self.layout, self.dtype)
+    }
+
+    /// Writes `value` through it with copy semantics: cast to its dtype and
+    /// broadcast to its shape.
+    pub fn write(&self, value: Tensor) -> Result<()> {
+        let value =
+            crate::kernels::broadcast(crate::kernels::cast(value, self.dtype)?, &self.layout.size)?;
+        crate::storage::write_as(&self.storage, &self.layout, self.dtype, value)
     }
 }
 

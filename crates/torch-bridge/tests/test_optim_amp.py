@@ -190,8 +190,9 @@ FOREACH_CASES = {
 def test_foreach_kernels_equal_the_cpu_in_one_program(case, dtype):
     """Each ``_foreach_*`` call is one program under Strict and gives the
     CPU's values bit for bit; a half-type add scaled by ``alpha`` may round
-    once less than the CPU, and the plugin's float64 square root is not
-    always correctly rounded (each within one ulp)."""
+    once less than the CPU, and square roots are not always correctly
+    rounded on one side (the plugin's in float64, PyTorch's AVX-512 kernel
+    in float32): each within one ulp."""
     g = torch.Generator().manual_seed(0)
     shapes = [(3, 5), (7,)]
     a = [torch.randn(s, generator=g).to(dtype) for s in shapes]
@@ -208,7 +209,7 @@ def test_foreach_kernels_equal_the_cpu_in_one_program(case, dtype):
     assert torch.tpu.metrics()["executions"] - before == 1, case
     for got, want in zip(tpu[0] + tpu[2], a + c):
         assert got.dtype == want.dtype, case
-        if ("alpha" in case and dtype in (torch.bfloat16, torch.float16)) or ("sqrt" in case and dtype == torch.float64):
+        if ("alpha" in case and dtype in (torch.bfloat16, torch.float16)) or ("sqrt" in case and dtype in (torch.float32, torch.float64)):
             eps = torch.finfo(dtype).eps  # of the result, or of operands near 1 where it cancels
             assert_close(got, want, atol=2 * eps, rtol=eps)
         else:

@@ -33,9 +33,15 @@ impl ReduceOp {
                 ReduceOp::Mean => return Err("a mean of booleans is not defined".into()),
             });
         }
+        if dtype.is_complex() && !matches!(self, ReduceOp::Sum | ReduceOp::Mean) {
+            // No order; and a product the host leg would take part by part.
+            return Err(unsupported!(
+                "{dtype} tensors reduce only by sum or mean, not {self}"
+            ));
+        }
         Ok(match self {
             ReduceOp::Sum => "stablehlo.add",
-            ReduceOp::Mean if dtype.is_float() => "stablehlo.add",
+            ReduceOp::Mean if dtype.is_inexact() => "stablehlo.add",
             ReduceOp::Mean => {
                 return Err(unsupported!("a mean needs a floating dtype, got {dtype}"));
             }

@@ -261,8 +261,11 @@ fn collectives(pg: &ProcessGroup) {
         ] {
             let x = host(dtype, &dims, |i| value(rank, i));
             let result = pg.all_reduce_host(x, op);
-            let allowed = dtype != DType::Bool || op != ReduceOp::Mean;
-            let allowed = allowed && (op != ReduceOp::Mean || dtype.is_float());
+            // Means need a float or complex type; complex values have no
+            // order and their products mix parts: they sum and average only.
+            let allowed = op != ReduceOp::Mean || dtype.is_inexact();
+            let allowed =
+                allowed && (!dtype.is_complex() || matches!(op, ReduceOp::Sum | ReduceOp::Mean));
             let Ok(got) = result else {
                 assert!(!allowed, "{dtype} {op}: {}", result.unwrap_err());
                 continue;
@@ -360,7 +363,15 @@ fn collectives(pg: &ProcessGroup) {
             ReduceOp::Prod,
             ReduceOp::Mean,
         ] {
-            if op == ReduceOp::Mean && !dtype.is_float() {
+            if op == ReduceOp::Mean && !dtype.is_inexact() {
+                continue;
+            }
+            if dtype.is_complex() && !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+                let mine = host(dtype, &wide, |i| value(rank, i));
+                assert!(
+                    pg.reduce_scatter_host(mine, op, 1).is_err(),
+                    "{dtype} {op:?}"
+                );
                 continue;
             }
             let mine = host(dtype, &wide, |i| value(rank, i));

@@ -159,6 +159,8 @@ fn gradients_through_transforms_equal_pytorch() -> Result<()> {
     let spectrum = x.rfft(Some(12), -1, FftNorm::Ortho)?;
     let twisted = (&spectrum * &spectrum.conj()?.fftn(None, None, FftNorm::Forward)?)?;
     let loss = (twisted.real()?.sum_all()? + twisted.imag()?.abs()?.sum_all()?)?;
+    let gram = spectrum.matmul(&spectrum.conj()?.transpose(0, 1)?)?;
+    let loss = (loss + gram.abs()?.sum_all()?)?;
     let back = x.irfft(None, 1, FftNorm::Backward)?;
     let loss = (loss + back.mul(&back)?.sum_all()?)?;
     loss.backward()?;
@@ -168,8 +170,9 @@ fn gradients_through_transforms_equal_pytorch() -> Result<()> {
          x = torch.tensor({:?}, dtype=torch.float64).reshape({ROWS}, {COLS}).requires_grad_()\n\
          s = torch.fft.rfft(x, n=12, norm='ortho')\n\
          t = s * torch.fft.fftn(s.conj(), norm='forward')\n\
+         g = s @ s.conj().T\n\
          b = torch.fft.irfft(x, dim=1)\n\
-         loss = t.real.sum() + t.imag.abs().sum() + (b * b).sum()\n\
+         loss = t.real.sum() + t.imag.abs().sum() + g.abs().sum() + (b * b).sum()\n\
          loss.backward()\n\
          print(json.dumps(x.grad.flatten().tolist()))",
         values

@@ -19,7 +19,7 @@ use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
 use crate::kernels::scalar;
-use crate::kernels::{broadcast, call1, cast};
+use crate::kernels::{call1, cast};
 use crate::layout::Layout;
 use crate::native::ffi;
 use crate::storage::{self, Padded, Storage};
@@ -314,6 +314,8 @@ pub fn dtype(d: ffi::Dtype) -> Result<DType> {
         ffi::Dtype::Bf16 => DType::BF16,
         ffi::Dtype::F32 => DType::F32,
         ffi::Dtype::F64 => DType::F64,
+        ffi::Dtype::C64 => DType::C64,
+        ffi::Dtype::C128 => DType::C128,
         _ => return Err(BridgeError::internal("an unknown dtype code")),
     })
 }
@@ -331,6 +333,8 @@ fn code(d: DType) -> ffi::Dtype {
         DType::F16 => ffi::Dtype::F16,
         DType::BF16 => ffi::Dtype::Bf16,
         DType::F64 => ffi::Dtype::F64,
+        DType::C64 => ffi::Dtype::C64,
+        DType::C128 => ffi::Dtype::C128,
         _ => ffi::Dtype::F32,
     }
 }
@@ -355,20 +359,13 @@ pub fn view(t: &ffi::TensorRef<'_>) -> Result<View> {
     Ok(View {
         storage: storage_of(t)?,
         layout: layout(t),
+        dtype: dtype(t.dtype)?,
     })
 }
 
 /// The value a tpu tensor holds.
 pub fn read(t: &ffi::TensorRef<'_>) -> Result<Tensor> {
-    let storage = storage_of(t)?;
-    let held = storage.dtype();
-    let want = dtype(t.dtype)?;
-    if want != held {
-        return Err(BridgeError::Unsupported(format!(
-            "a {want} view of a {held} tpu storage (Tensor.view(dtype)) is not supported"
-        )));
-    }
-    storage::read(&storage, &layout(t))
+    storage::read_as(&*storage_of(t)?, &layout(t), dtype(t.dtype)?)
 }
 
 /// Whether a value of `from` may be written into a tensor of `to` (PyTorch's
@@ -668,10 +665,7 @@ impl<'a> Call<'a> {
 /// Writes `value` through tpu tensor `t` (cast to its dtype, broadcast to
 /// its shape), as `copy_` does.
 pub fn store_into(t: &ffi::TensorRef<'_>, value: Tensor) -> Result<()> {
-    let target = storage_of(t)?;
-    let layout = layout(t);
-    let value = broadcast(cast(value, target.dtype())?, &layout.size)?;
-    storage::write(&target, &layout, value)
+    view(t)?.write(value)
 }
 
 /// `name(inputs)` with no attributes.

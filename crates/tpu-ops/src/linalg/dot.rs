@@ -17,7 +17,7 @@ use super::{accumulator, permute};
 use crate::support::*;
 
 /// What `matmul` and `dot_general` accept.
-pub(crate) const DOT_DTYPES: &[DType] = NUMERIC;
+pub(crate) const DOT_DTYPES: &[DType] = NUMERIC_OR_COMPLEX;
 
 /// Checked dimension numbers of one `dot_general`.
 #[derive(Clone, Debug, PartialEq)]
@@ -202,6 +202,9 @@ pub(crate) fn dot_ref(a: &HostTensor, b: &HostTensor, d: &DotDims) -> OpResult<H
         (HostData::Float(x), HostData::Float(y)) => {
             HostTensor::float(dtype, dot_arrays(x, y, d, |s, p, q| s + p * q)?)
         }
+        (HostData::Complex(x), HostData::Complex(y)) => {
+            HostTensor::complex(dtype, dot_arrays(x, y, d, |s, p, q| s + p * q)?)
+        }
         _ => HostTensor::int(
             dtype,
             dot_arrays(&a.to_i64(), &b.to_i64(), d, |s: i64, p: i64, q: i64| {
@@ -209,6 +212,15 @@ pub(crate) fn dot_ref(a: &HostTensor, b: &HostTensor, d: &DotDims) -> OpResult<H
             })?,
         ),
     })
+}
+
+/// `v`, conjugated when complex.
+fn conj(t: &mut dyn Tape, v: Var) -> OpResult<Var> {
+    if t.ty(v)?.dtype.is_complex() {
+        t.call1("conj", &[v], Attrs::new())
+    } else {
+        Ok(v)
+    }
 }
 
 /// Calls `dot_general` on the tape.
@@ -232,9 +244,11 @@ fn rank_in(v: usize, dims: &[usize]) -> usize {
 fn dot_general_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (x, y, g) = (a.inputs[0], a.inputs[1], a.grads[0]);
     let (tx, ty) = (t.ty(x)?, t.ty(y)?);
-    if !tx.dtype.is_float() {
+    if !tx.dtype.is_inexact() {
         return Ok(vec![None, None]);
     }
+    // Each side's gradient multiplies by the other side's conjugate.
+    let (x, y) = (conj(t, x)?, conj(t, y)?);
     let d = dot_dims(&tx.shape, &ty.shape, a.attrs)?;
     let nb = d.lb.len();
     let lf = DotDims::free(tx.shape.rank(), &d.lb, &d.lc);
@@ -576,9 +590,11 @@ fn matmul_ref(x: &HostTensor, y: &HostTensor) -> OpResult<HostTensor> {
 fn matmul_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let (x, y, g) = (a.inputs[0], a.inputs[1], a.grads[0]);
     let (tx, ty) = (t.ty(x)?, t.ty(y)?);
-    if !tx.dtype.is_float() {
+    if !tx.dtype.is_inexact() {
         return Ok(vec![None, None]);
     }
+    // Each side's gradient multiplies by the other side's conjugate.
+    let (x, y) = (conj(t, x)?, conj(t, y)?);
     let sx = if tx.shape.rank() == 1 {
         Shape::new([1, tx.shape.dims()[0]])
     } else {

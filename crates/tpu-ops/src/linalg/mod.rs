@@ -17,13 +17,14 @@ use tpu_core::DType;
 use tpu_core::op::{Attrs, OpResult, Tape, Var};
 
 /// The dtype a product accumulates in on the device: f32 for f16 and bf16;
+/// other floats and complex types in themselves;
 /// integers exactly, wrapping, in i32 (i64 for i64), which gives the same
 /// bits as exact accumulation wrapped to the output dtype.
 pub(crate) fn accumulator(d: DType) -> DType {
     match d {
         DType::F16 | DType::BF16 => DType::F32,
         DType::I64 => DType::I64,
-        d if d.is_float() => d,
+        d if d.is_inexact() => d,
         _ => DType::I32,
     }
 }

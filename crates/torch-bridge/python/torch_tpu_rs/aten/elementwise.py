@@ -88,9 +88,12 @@ def frexp(self):
     return mantissa, torch.where(finite, e, torch.zeros_like(e))
 
 
-@kernel("angle")
+@kernel("angle", complex=True)
 def angle(self):
-    """Real inputs: pi below zero, else 0; NaN stays NaN."""
+    """Complex inputs: the phase. Real inputs: pi below zero, else 0; NaN
+    stays NaN."""
+    if self.is_complex():
+        return run("angle", [self])
     x = self if self.is_floating_point() else self.to(torch.get_default_dtype())
     a = torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x))
     return torch.where(torch.isnan(x), x, a)
@@ -252,7 +255,17 @@ for _name in ("abs", "neg", "relu", "isnan", "isinf", "logical_not"):
     kernel(_name)(lambda self, _op=_name: run(_op, [self]))
 
 
-@kernel("sign", "sgn")
+@kernel("sgn", complex=True)
+def sgn(self):
+    """Complex inputs: ``z / |z|``, 0 at 0."""
+    if not self.is_complex():
+        return sign(self)
+    r = run("abs", [self])
+    safe = _C.run("where", [run("eq", [r, 0.0], None, r.dtype), 1.0, r], None, r.dtype, 1)[0]
+    return run("div", [self, safe], None, self.dtype)
+
+
+@kernel("sign")
 def sign(self):
     s = run("sign", [self])
     if not self.is_floating_point():

@@ -148,7 +148,7 @@ def flip(self, dims):
     return run("flip", [self], {"dims": list(dims)})
 
 
-@kernel("roll")
+@kernel("roll", complex=True)
 def roll(self, shifts, dims=()):
     return run("roll", [self], {"shifts": list(shifts), "dims": list(dims)})
 

@@ -66,7 +66,29 @@ def _counted(name, fn):
     return lambda *args, **kwargs: _count(name, fn, *args, **kwargs)
 
 
-def _register(name, fn, how):
+def _is_complex(value):
+    if isinstance(value, torch.Tensor):
+        return value.is_complex()
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(t, torch.Tensor) and t.is_complex() for t in value)
+    return False
+
+
+def _real_only(name, fn):
+    """``fn``, refusing complex tensors: a kernel written for real numbers
+    would read them as their real parts."""
+
+    def k(*args, **kwargs):
+        if any(_is_complex(a) for a in args) or any(_is_complex(a) for a in kwargs.values()):
+            raise NotImplementedError(f"aten.{name} on tpu: complex tensors are not supported yet")
+        return fn(*args, **kwargs)
+
+    return k
+
+
+def _register(name, fn, how, complex=False):
+    if not complex:
+        fn = _real_only(name, fn)
     if name.endswith(".default"):
         name = name[: -len(".default")]
     if name in REGISTERED:
@@ -153,20 +175,21 @@ def _out(fn, out_names):
     return kernel
 
 
-def kernel(*names, derive=True):
+def kernel(*names, derive=True, complex=False):
     """Registers a functional kernel for ``names`` (and their in-place and
-    out= forms, unless ``derive`` is false)."""
+    out= forms, unless ``derive`` is false). Only a kernel written for
+    complex tensors too (``complex``) is handed them; the rest refuse them."""
 
     def register(fn):
         for name in names:
-            _register(name, fn, "kernel")
+            _register(name, fn, "kernel", complex)
             if not derive:
                 continue
             for derived, out_names in _derived(name):
                 if out_names is None:
-                    _register(derived, _inplace(fn), "inplace")
+                    _register(derived, _inplace(fn), "inplace", complex)
                 else:
-                    _register(derived, _out(fn, out_names), "out")
+                    _register(derived, _out(fn, out_names), "out", complex)
         return fn
 
     return register
@@ -190,7 +213,7 @@ def above_autograd(name):
     decomposition) would, and decides itself what to hand on."""
 
     def register(fn):
-        _lib.impl(name, _counted(name, fn), "AutogradPrivateUse1")
+        _lib.impl(name, _counted(name, _real_only(name, fn)), "AutogradPrivateUse1")
         return fn
 
     return register
@@ -203,7 +226,7 @@ def above_autograd_while(name, fn, on, lib):
     path."""
     if on and lib is None:
         lib = torch.library.Library("aten", "IMPL")
-        lib.impl(name, _counted(name, fn), "AutogradPrivateUse1")
+        lib.impl(name, _counted(name, _real_only(name, fn)), "AutogradPrivateUse1")
     elif not on and lib is not None:
         lib._destroy()
         lib = None
@@ -218,7 +241,7 @@ def _redispatching(names, keys):
         def kernel(*args, _op=op, **kwargs):
             return _op.redispatch(keys, *args, **kwargs)
 
-        _register(name, kernel, "rebind")
+        _register(name, kernel, "rebind", complex=True)
 
 
 def rebind(*names):

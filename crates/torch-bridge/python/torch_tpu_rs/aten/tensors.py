@@ -20,6 +20,9 @@ rebind(
     "set_.source_Storage",
     "set_.source_Storage_storage_offset",
 )
+# A complex tensor's parts and the reverse: the same storage read in the
+# other dtype (crates/torch-bridge/src/storage.rs, `read_as`).
+rebind("view_as_real", "view_as_complex")
 
 
 def _index(device):

@@ -1,0 +1,170 @@
+"""Complex tensors and torch.fft on tpu against PyTorch's CPU: transforms,
+views that alias (``z.real``, ``view_as_real``, ``view_as_complex``), lazy
+conjugation, gradients, a Llama-style rotary embedding trained in every
+eager mode, and ``stft`` -> magnitude -> ``istft``. Ops not written for
+complex numbers must refuse them, never read them as their real parts."""
+
+import pytest
+import torch
+
+import torch_tpu_rs  # noqa: F401
+
+from conftest import assert_close
+
+MODES = ["strict", "debug", "defer_and_fuse"]
+
+
+def pair(*shape, dtype=torch.complex64):
+    x = torch.randn(*shape, dtype=dtype)
+    return x, x.to("tpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_values_round_trip_and_combine(mode, dtype):
+    z, t = pair(3, 4, dtype=dtype)
+    w, u = pair(4, dtype=dtype)
+    assert t.dtype == dtype
+    assert_close(t, z)
+    assert_close(t + u, z + w)
+    assert_close(t * u - t / (u + 3), z * w - z / (w + 3))
+    assert_close(-t, -z)
+    assert_close(t.abs(), z.abs())
+    assert_close(t.angle(), z.angle())
+    assert_close(t.conj(), z.conj())
+    assert_close(t.real, z.real)
+    assert_close(t.imag, z.imag)
+    assert_close(torch.polar(t.abs(), t.angle()), torch.polar(z.abs(), z.angle()))
+    assert_close(torch.complex(t.real, t.imag), z)
+    assert_close(t.sgn(), z.sgn())
+    assert_close(torch.cat([t, t.conj()]), torch.cat([z, z.conj()]))
+    assert_close(t[1:, ::2], z[1:, ::2])
+    assert_close(t.to(torch.float64), z.to(torch.float64))
+    assert_close(t.real.to(dtype), z.real.to(dtype))
+    assert_close(t @ t.mT, z @ z.mT)
+    assert_close(t.mH @ t, z.mH @ z)
+    assert_close(torch.bmm(t[None], t.mH[None]), torch.bmm(z[None], z.mH[None]))
+
+
+def test_views_alias_their_complex_storage():
+    z, t = pair(3, 4)
+    for x in (z, t):
+        x.real.add_(1.5)
+        x.imag[0].zero_()
+        torch.view_as_real(x)[..., 1, 0] = 7.0
+    assert_close(t, z)
+    r = torch.randn(5, 6, 2)
+    s = r.to("tpu")
+    for x in (r, s):
+        c = torch.view_as_complex(x)
+        c.mul_(2)
+        c[0] = 0
+    assert_close(s, r)
+    assert_close(torch.view_as_complex(s), torch.view_as_complex(r))
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "torch.fft.fft(x)",
+        "torch.fft.fft(x, n=16, dim=0, norm='ortho')",
+        "torch.fft.ifft(torch.fft.fft(x), norm='forward')",
+        "torch.fft.rfft(x)",
+        "torch.fft.irfft(torch.fft.rfft(x), n=11)",
+        "torch.fft.hfft(torch.fft.fft(x)[:, :5])",
+        "torch.fft.ihfft(x)",
+        "torch.fft.fft2(x)",
+        "torch.fft.rfft2(x, norm='ortho')",
+        "torch.fft.irfft2(torch.fft.rfft2(x), s=(6, 10))",
+        "torch.fft.fftn(x.reshape(2, 3, 2, 5))",
+        "torch.fft.rfftn(x.reshape(2, 3, 2, 5), dim=(0, 1, 2, 3))",
+        "torch.fft.fftshift(torch.fft.fft(x), dim=1)",
+        "torch.fft.ifftshift(x)",
+    ],
+)
+def test_transforms_equal_the_cpu(mode, expr):
+    x = torch.randn(6, 10)
+    t = x.to("tpu")
+    assert_close(eval(expr, {"torch": torch, "x": t}), eval(expr, {"torch": torch, "x": x}), atol=2e-5)
+
+
+def test_gradients_through_transforms_equal_the_cpu(mode):
+    x = torch.randn(4, 12, dtype=torch.float64, requires_grad=True)
+    t = x.detach().to("tpu").requires_grad_()
+    for a in (x, t):
+        s = torch.fft.rfft(a, norm="ortho")
+        loss = (s * torch.fft.fft(a)[:, :7].conj()).abs().sum() + torch.fft.irfft(s, n=12).pow(2).sum()
+        loss = loss + torch.view_as_real(torch.fft.fft2(a)).pow(2).mean()
+        loss = loss + (s @ s.mH).abs().sum()
+        loss.backward()
+    assert_close(t.grad, x.grad, atol=1e-9, rtol=1e-9)
+
+
+def rotary(x, angles):
+    """Llama's rotary embedding, as its reference code writes it."""
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs).flatten(-2).type_as(x)
+
+
+def rotary_losses(device):
+    torch.manual_seed(3)
+    seq, width = 8, 16
+    proj = torch.nn.Linear(width, width).to(device)
+    opt = torch.optim.SGD(proj.parameters(), lr=0.1)
+    x = torch.randn(2, seq, width).to(device)
+    target = torch.randn(2, seq, width).to(device)
+    inv = 1.0 / (10000 ** (torch.arange(0, width, 2).float() / width))
+    angles = torch.outer(torch.arange(seq).float(), inv).to(device)
+    losses = []
+    for _ in range(20):
+        loss = (rotary(proj(x), angles) - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("eager", MODES)
+def test_a_rotary_embedding_trains_as_on_the_cpu(eager):
+    expected = rotary_losses("cpu")
+    assert expected[-1] < 0.9 * expected[0]
+    with torch.tpu.set_eager_mode(eager):
+        got = rotary_losses("tpu")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=0)
+
+
+def test_stft_magnitude_and_istft_equal_the_cpu(mode):
+    t = torch.arange(4000) / 8000.0
+    signal = torch.sin(2 * torch.pi * 440 * t) + 0.3 * torch.sin(2 * torch.pi * 1250 * t) + 0.05 * torch.randn(4000)
+    results = []
+    for device in ("cpu", "tpu"):
+        s = signal.to(device)
+        window = torch.hann_window(256, device=device)
+        spec = torch.stft(s, 256, hop_length=64, window=window, return_complex=True)
+        back = torch.istft(spec, 256, hop_length=64, window=window, length=4000)
+        results.append((spec.abs(), back))
+    (mag_cpu, back_cpu), (mag_tpu, back_tpu) = results
+    assert_close(mag_tpu, mag_cpu, atol=1e-4, rtol=1e-5)
+    assert_close(back_tpu, back_cpu, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(back_cpu, signal, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda z: z.exp(),
+        lambda z: z.sum(),
+        lambda z: z == z,
+        lambda z: z.sqrt(),
+        lambda z: torch.sigmoid(z),
+        lambda z: z.pow(2),
+        lambda z: z.item(),
+    ],
+)
+def test_ops_not_written_for_complex_numbers_refuse_them(op):
+    z = torch.randn(1, 1, dtype=torch.complex64).to("tpu")
+    with pytest.raises(NotImplementedError, match="[Cc]omplex|c64"):
+        out = op(z)
+        if isinstance(out, torch.Tensor):
+            out.cpu()
