@@ -36,7 +36,7 @@ bool takes_complex(std::string_view op) {
   static const std::unordered_set<std::string_view> ops = {
       "add", "sub", "mul", "div", "neg", "neg_", "abs", "mm", "bmm",
       "clone", "_to_copy", "copy_", "empty.memory_format", "empty_strided",
-      "cat", "zero_", "fill_.Scalar", "fill_.Tensor"};
+      "cat", "zero_", "fill_.Scalar", "fill_.Tensor", "constant_pad_nd"};
   return ops.count(op) != 0;
 }
 

@@ -204,6 +204,15 @@ fn complex_values_round_trip_and_print() -> Result<()> {
     assert!(err.contains("exp") && err.contains("c64"), "{err}");
     let err = t.rfft(None, -1, FftNorm::Backward).unwrap_err().to_string();
     assert!(err.contains("real tensor"), "{err}");
+    // safetensors holds c64 as PyTorch writes it, and has no c128.
+    let path =
+        std::env::temp_dir().join(format!("tpu-rs-complex-{}.safetensors", std::process::id()));
+    tpu_rs::checkpoint::save_tensors(&[("z".into(), t.clone())], &path)?;
+    let back = tpu_rs::checkpoint::load_tensors(&path)?;
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(back["z"].to_complex()[[1]], Complex::new(0.0, 0.25));
+    let wide = t.to_dtype(DType::C128)?;
+    assert!(tpu_rs::checkpoint::save_tensors(&[("w".into(), wide)], &path).is_err());
     Ok(())
 }
 
