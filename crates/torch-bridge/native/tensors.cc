@@ -34,7 +34,7 @@ std::optional<Dtype> dtype_code(c10::ScalarType t) {
 // as real (a cast to a float type keeps only the real part).
 bool takes_complex(std::string_view op) {
   static const std::unordered_set<std::string_view> ops = {
-      "add", "sub", "mul", "div", "neg", "neg_", "abs", "mm", "bmm",
+      "add", "sub", "mul", "div", "neg", "neg_", "abs", "mm", "bmm", "sum", "sum.dim_IntList",
       "clone", "_to_copy", "copy_", "empty.memory_format", "empty_strided",
       "cat", "zero_", "fill_.Scalar", "fill_.Tensor", "constant_pad_nd"};
   return ops.count(op) != 0;

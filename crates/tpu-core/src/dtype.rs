@@ -37,23 +37,6 @@ pub enum DType {
 }
 
 impl DType {
-    /// Every dtype: the real ones, then the complex ones.
-    pub const ALL: [DType; 13] = [
-        DType::Bool,
-        DType::I8,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::U32,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-        DType::C64,
-        DType::C128,
-    ];
-
     /// Every real (not complex) dtype, in promotion-friendly order.
     pub const REAL: [DType; 11] = [
         DType::Bool,
@@ -68,6 +51,18 @@ impl DType {
         DType::F32,
         DType::F64,
     ];
+
+    /// Every dtype: the real ones, then the complex ones.
+    pub const ALL: [DType; 13] = {
+        let mut all = [DType::C128; 13];
+        let mut i = 0;
+        while i < DType::REAL.len() {
+            all[i] = DType::REAL[i];
+            i += 1;
+        }
+        all[11] = DType::C64;
+        all
+    };
 
     /// Bytes per element.
     pub const fn size_in_bytes(self) -> usize {
@@ -222,6 +217,15 @@ mod tests {
             assert_eq!(DType::from_mlir_name(d.mlir_name()), Some(d));
         }
         assert_eq!(DType::from_mlir_name("f8E5M2"), None);
+    }
+
+    #[test]
+    fn every_dtype_is_the_real_ones_then_the_complex_ones() {
+        assert_eq!(DType::ALL[..11], DType::REAL);
+        assert_eq!(DType::ALL[11..], [DType::C64, DType::C128]);
+        assert!(DType::REAL.iter().all(|d| !d.is_complex()));
+        assert_eq!(DType::BF16.complex_of(), Some(DType::C64));
+        assert_eq!(DType::C128.real_part(), DType::F64);
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         ops.push(op(name, &[], move |c| {
             let mut x = c.tensor(0)?;
             if let Some(d) = dtype.map(|i| c.scalar_type(i)).transpose()?.flatten() {
+                if x.dtype().is_complex() && !d.is_complex() {
+                    return Err(super::error(format!(
+                        "{name}(): dtype must be complex for complex input, got {d}"
+                    )));
+                }
                 x = cast(x, d)?;
             }
             let listed = dims.map(|i| c.dims(i)).transpose()?.flatten();

@@ -275,20 +275,6 @@ inventory::submit! {
     }
 }
 
-/// Signed numbers and complex ones (what `abs` and `neg` take).
-const SIGNED_OR_COMPLEX: &[DType] = &[
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::I64,
-    DType::I8,
-    DType::I16,
-    DType::C64,
-    DType::C128,
-];
-
 /// `abs` of complex `z` is `|z|`, real; its gradient is `g z / |z|` (0 at 0).
 fn abs_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let z = a.inputs[0];

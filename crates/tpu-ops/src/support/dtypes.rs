@@ -45,30 +45,6 @@ pub const REAL: &[DType] = &DType::REAL;
 pub const COMPLEX: &[DType] = &[DType::C64, DType::C128];
 /// Every dtype, complex ones included (what data movement takes).
 pub const ANY: &[DType] = &DType::ALL;
-/// Floats, integers and the complex dtypes (what arithmetic takes).
-pub const NUMERIC_OR_COMPLEX: &[DType] = &[
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I32,
-    DType::I64,
-    DType::I8,
-    DType::I16,
-    DType::U8,
-    DType::U32,
-    DType::C64,
-    DType::C128,
-];
-/// Float and complex dtypes (what most complex-capable math takes).
-pub const FLOAT_OR_COMPLEX: &[DType] = &[
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::C64,
-    DType::C128,
-];
 /// Signed numeric dtypes (what `neg` and `sign` take).
 pub const SIGNED: &[DType] = &[
     DType::F32,
@@ -80,6 +56,23 @@ pub const SIGNED: &[DType] = &[
     DType::I8,
     DType::I16,
 ];
+
+/// `real` followed by the complex dtypes; `N` is its length plus two.
+const fn with_complex<const N: usize>(real: &[DType]) -> [DType; N] {
+    let mut out = [DType::C128; N];
+    let mut i = 0;
+    while i < real.len() {
+        out[i] = real[i];
+        i += 1;
+    }
+    out[N - 2] = DType::C64;
+    out
+}
+
+/// Floats, integers and the complex dtypes (what arithmetic takes).
+pub const NUMERIC_OR_COMPLEX: &[DType] = &with_complex::<12>(NUMERIC);
+/// Signed numbers and the complex dtypes (what `abs` and `neg` take).
+pub const SIGNED_OR_COMPLEX: &[DType] = &with_complex::<10>(SIGNED);
 
 /// 0 for bool, 1 for integers, 2 for floats, 3 for complex.
 fn category(d: DType) -> u8 {
