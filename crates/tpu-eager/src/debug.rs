@@ -70,22 +70,20 @@ impl Debug {
                     HostData::Complex(z) => z.iter().flat_map(|v| [v.re, v.im]).collect(),
                     HostData::Int(_) => Vec::new(),
                 };
-                {
-                    let what = if values.iter().any(|v| v.is_nan()) {
-                        Some("NaN")
-                    } else if values.iter().any(|v| v.is_infinite()) {
-                        Some("infinity")
-                    } else {
-                        None
-                    };
-                    if let Some(what) = what {
-                        return Err(Error::NonFinite {
-                            op: call.op.name.to_string(),
-                            location,
-                            output: i,
-                            what,
-                        });
-                    }
+                let what = if values.iter().any(|v| v.is_nan()) {
+                    Some("NaN")
+                } else if values.iter().any(|v| v.is_infinite()) {
+                    Some("infinity")
+                } else {
+                    None
+                };
+                if let Some(what) = what {
+                    return Err(Error::NonFinite {
+                        op: call.op.name.to_string(),
+                        location,
+                        output: i,
+                        what,
+                    });
                 }
             }
         }

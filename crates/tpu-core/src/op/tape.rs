@@ -173,6 +173,15 @@ impl dyn Tape + '_ {
         self.call1("cast", &[a], Attrs::new().with("dtype", dtype))
     }
 
+    /// The complex conjugate of `a` (`a` itself when real): gradients of
+    /// complex products carry the other factor's conjugate.
+    pub fn conj(&mut self, a: Var) -> OpResult<Var> {
+        if !self.ty(a)?.dtype.is_complex() {
+            return Ok(a);
+        }
+        self.call1("conj", &[a], Attrs::new())
+    }
+
     /// `a` reshaped to `shape`.
     pub fn reshape(&mut self, a: Var, shape: &Shape) -> OpResult<Var> {
         if self.ty(a)?.shape == *shape {

@@ -81,16 +81,6 @@ fn arith_ref(
     Ok(vec![binary(&x[0], &x[1], dtype, dtype, ff, fi)?])
 }
 
-/// `v`, conjugated when complex (PyTorch's gradients of complex products
-/// carry the other factor's conjugate).
-fn conj(t: &mut dyn Tape, v: Var) -> OpResult<Var> {
-    if t.ty(v)?.dtype.is_complex() {
-        t.call1("conj", &[v], Attrs::new())
-    } else {
-        Ok(v)
-    }
-}
-
 /// Reduces a broadcast gradient to an input's shape and dtype.
 pub(crate) fn grad_for(t: &mut dyn Tape, g: Var, input: Var) -> OpResult<Option<Var>> {
     let ty = t.ty(input)?;
@@ -184,7 +174,7 @@ arith_op!("mul", dtypes: ANY, float: false, hlo: "stablehlo.multiply",
     reference: (|x, y| x * y, |x: i64, y: i64| x.wrapping_mul(y), Some(|x, y| x * y)),
     vjp: |t, a| {
         let (x, y) = promoted(t, a)?;
-        let (x, y) = (conj(t, x)?, conj(t, y)?);
+        let (x, y) = (t.conj(x)?, t.conj(y)?);
         let ga = t.mul(a.grads[0], y)?;
         let gb = t.mul(a.grads[0], x)?;
         grads(t, a, ga, gb)
@@ -246,10 +236,10 @@ arith_op!("div", dtypes: NUMERIC_OR_COMPLEX, float: true, lower_inputs: lower_di
     reference: (|x, y| x / y, |_, _| 0, Some(|x, y| x / y)),
     vjp: |t, a| {
         let (_, y) = promoted(t, a)?;
-        let y = conj(t, y)?;
+        let y = t.conj(y)?;
         let ga = t.div(a.grads[0], y)?;
         // d(x/y)/dy = -(x/y)/y
-        let q = conj(t, a.outputs[0])?;
+        let q = t.conj(a.outputs[0])?;
         let q = t.div(q, y)?;
         let gq = t.mul(a.grads[0], q)?;
         let gb = t.neg(gq)?;

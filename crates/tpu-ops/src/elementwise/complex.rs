@@ -232,7 +232,7 @@ inventory::submit! {
             let x = one(x)?;
             Ok(vec![HostTensor::complex(x.dtype(), x.to_complex().mapv(|z| z.conj()))])
         },
-        vjp: Some(|t, a| Ok(vec![Some(t.call1("conj", &[a.grads[0]], Attrs::new())?)])),
+        vjp: Some(|t, a| Ok(vec![Some(t.conj(a.grads[0])?)])),
         samples: complex_samples,
         arbitrary: |g: &mut Gen| unary_arbitrary(g, COMPLEX, -3.0, 3.0),
         torch: Torch::Expr("torch.conj(x[0]).resolve_conj()"),

@@ -214,15 +214,6 @@ pub(crate) fn dot_ref(a: &HostTensor, b: &HostTensor, d: &DotDims) -> OpResult<H
     })
 }
 
-/// `v`, conjugated when complex.
-fn conj(t: &mut dyn Tape, v: Var) -> OpResult<Var> {
-    if t.ty(v)?.dtype.is_complex() {
-        t.call1("conj", &[v], Attrs::new())
-    } else {
-        Ok(v)
-    }
-}
-
 /// Calls `dot_general` on the tape.
 pub(crate) fn tape_dot(t: &mut dyn Tape, a: Var, b: Var, d: &DotDims) -> OpResult<Var> {
     let l = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
@@ -248,7 +239,7 @@ fn dot_general_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var
         return Ok(vec![None, None]);
     }
     // Each side's gradient multiplies by the other side's conjugate.
-    let (x, y) = (conj(t, x)?, conj(t, y)?);
+    let (x, y) = (t.conj(x)?, t.conj(y)?);
     let d = dot_dims(&tx.shape, &ty.shape, a.attrs)?;
     let nb = d.lb.len();
     let lf = DotDims::free(tx.shape.rank(), &d.lb, &d.lc);
@@ -594,7 +585,7 @@ fn matmul_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
         return Ok(vec![None, None]);
     }
     // Each side's gradient multiplies by the other side's conjugate.
-    let (x, y) = (conj(t, x)?, conj(t, y)?);
+    let (x, y) = (t.conj(x)?, t.conj(y)?);
     let sx = if tx.shape.rank() == 1 {
         Shape::new([1, tx.shape.dims()[0]])
     } else {
