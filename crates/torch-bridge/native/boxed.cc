@@ -94,10 +94,7 @@ class Arguments {
     if (v.isInt()) return number(v.toInt(), Dtype::I64);
     if (v.isSymInt()) return number(v.toSymInt().expect_int(), Dtype::I64);
     if (v.isDouble()) return number(v.toDouble(), Dtype::F64);
-    if (v.isComplexDouble()) {
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "op `", op_,
-                                  "` on tpu: complex numbers are not supported");
-    }
+    if (v.isComplexDouble()) return number(v.toComplexDouble(), Dtype::C128);
     if (v.isIntList()) return ints(v.toIntVector());
     if (v.isList() && is_scalar_list(schema)) {
       std::vector<double> values;
@@ -186,7 +183,10 @@ class Arguments {
     a.kind = ArgKind::Number;
     a.dtype = type;
     if (s.isComplex()) {
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "complex numbers are not supported on tpu");
+      const c10::complex<double> z = s.toComplexDouble();
+      a.number = z.real();
+      a.imag = z.imag();
+      return a;
     }
     a.number = s.toDouble();
     a.integer = s.isFloatingPoint() ? 0 : s.toLong();

@@ -51,11 +51,15 @@ class Operands {
   }
 
   void number(const c10::Scalar& s) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!s.isComplex(), "op `", op_,
-                                "` on tpu: complex numbers are not supported");
     Operand o{};
     o.is_number = true;
-    o.number = s.toDouble();
+    if (s.isComplex()) {
+      const c10::complex<double> z = s.toComplexDouble();
+      o.number = z.real();
+      o.imag = z.imag();
+    } else {
+      o.number = s.toDouble();
+    }
     items_.push_back(o);
   }
 
@@ -279,7 +283,8 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1,
                  const at::Tensor& mat2, const c10::Scalar& beta,
                  const c10::Scalar& alpha) {
   check_mm("addmm", mat1, mat2);
-  return product("addmm", mat1, mat2, &self, alpha.toDouble(),
+  const at::Tensor bias = self.resolve_conj();
+  return product("addmm", mat1.resolve_conj(), mat2.resolve_conj(), &bias, alpha.toDouble(),
                  beta.toDouble(), {mat1.size(0), mat2.size(1)});
 }
 
@@ -287,7 +292,8 @@ at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& batch1,
                    const at::Tensor& batch2, const c10::Scalar& beta,
                    const c10::Scalar& alpha) {
   check_bmm("baddbmm", batch1, batch2);
-  return product("baddbmm", batch1, batch2, &self, alpha.toDouble(),
+  const at::Tensor bias = self.resolve_conj();
+  return product("baddbmm", batch1.resolve_conj(), batch2.resolve_conj(), &bias, alpha.toDouble(),
                  beta.toDouble(),
                  {batch1.size(0), batch1.size(1), batch2.size(2)});
 }

@@ -36,7 +36,14 @@ bool takes_complex(std::string_view op) {
   static const std::unordered_set<std::string_view> ops = {
       "add", "sub", "mul", "div", "neg", "neg_", "abs", "mm", "bmm", "sum", "sum.dim_IntList",
       "clone", "_to_copy", "copy_", "empty.memory_format", "empty_strided",
-      "cat", "zero_", "fill_.Scalar", "fill_.Tensor", "constant_pad_nd"};
+      "cat", "zero_", "fill_.Scalar", "fill_.Tensor", "constant_pad_nd", "mean", "mean.dim",
+      "exp", "exp_", "log", "log_", "sqrt", "sqrt_", "rsqrt", "rsqrt_", "sin", "sin_", "cos",
+      "cos_", "tanh", "tanh_", "sigmoid", "sigmoid_", "reciprocal", "reciprocal_", "log1p",
+      "log1p_", "expm1", "expm1_", "pow.Tensor_Scalar", "pow_.Scalar", "tanh_backward",
+      "sigmoid_backward", "where.self", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar",
+      "eq_.Tensor", "eq_.Scalar", "ne_.Tensor", "ne_.Scalar", "masked_fill.Scalar",
+      "masked_fill_.Scalar", "masked_fill.Tensor", "masked_fill_.Tensor", "index_select", "addmm",
+      "baddbmm", "rsub.Tensor", "rsub.Scalar"};
   return ops.count(op) != 0;
 }
 

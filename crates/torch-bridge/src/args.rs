@@ -10,7 +10,7 @@ use tpu_core::op::{Attr, Attrs};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::kernels::{cast, scalar};
+use crate::kernels::{cast, number, scalar};
 use crate::torch::{View, dtype_of, upload};
 
 /// Attribute names are `&'static str` in tpu-rs; names from Python are
@@ -101,10 +101,8 @@ pub fn host_value(
         let f: f64 = v.extract()?;
         return scalar(dtype.unwrap_or(DType::F32), f, device);
     }
-    if v.is_instance_of::<PyComplex>() {
-        return Err(BridgeError::Unsupported(
-            "complex Python numbers are not supported on tpu yet; use a complex tensor".into(),
-        ));
+    if let Ok(z) = v.cast::<PyComplex>() {
+        return number(dtype.unwrap_or(DType::C64), z.real(), z.imag(), device);
     }
     // A CPU tensor: PyTorch passes wrapped numbers and 0-dim tensors so.
     let py = v.py();

@@ -161,6 +161,21 @@ pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
     )?)
 }
 
+/// A rank-0 tensor of `re + i im` in `dtype` on `tpu:device`: a complex
+/// dtype holds both parts; a real one only a number whose `im` is 0.
+pub fn number(dtype: DType, re: f64, im: f64, device: usize) -> Result<Tensor> {
+    if !dtype.is_complex() {
+        if im != 0.0 {
+            return Err(BridgeError::Unsupported(format!(
+                "the complex number {re}{im:+}j cannot be a {dtype} value"
+            )));
+        }
+        return scalar(dtype, re, device);
+    }
+    let host = tpu_core::host::HostTensor::complex_scalar(dtype, tpu_core::Complex::new(re, im));
+    Ok(Tensor::from_host(host, Device::Tpu(device))?)
+}
+
 /// A tensor of `shape` filled with `value`.
 pub fn full(dtype: DType, shape: &[usize], value: f64, device: usize) -> Result<Tensor> {
     let attrs = Attrs::new()

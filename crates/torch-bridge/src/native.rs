@@ -44,6 +44,8 @@ pub(crate) mod ffi {
     struct Operand<'a> {
         is_number: bool,
         number: f64,
+        /// A complex number's imaginary part.
+        imag: f64,
         tensor: TensorRef<'a>,
     }
 
@@ -90,8 +92,10 @@ pub(crate) mod ffi {
     /// One argument of a native op, read by its schema.
     struct Arg<'a> {
         kind: ArgKind,
-        /// A number's value.
+        /// A number's value (its real part when complex).
         number: f64,
+        /// A complex number's imaginary part.
+        imag: f64,
         /// An integer or bool number exactly; a device's index (-1: none).
         integer: i64,
         /// A number's type (Bool, I64 or F64 for a Python number, the

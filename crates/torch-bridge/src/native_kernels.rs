@@ -9,8 +9,8 @@ use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::kernels::scalar;
 use crate::kernels::{call1, cast};
+use crate::kernels::{number, scalar};
 use crate::native::ffi;
 use crate::native_ops::{dtype, failure, read, storage_of, store_into};
 use crate::storage::Storage;
@@ -19,7 +19,7 @@ use crate::storage::Storage;
 /// in it.
 fn operand(x: &ffi::Operand<'_>, dtype: DType, device: usize) -> Result<Tensor> {
     if x.is_number {
-        return scalar(dtype, x.number, device);
+        return number(dtype, x.number, x.imag, device);
     }
     cast(read(&x.tensor)?, dtype)
 }

@@ -1,9 +1,9 @@
 """PyTorch's OpInfo database on the ``tpu`` device against PyTorch's CPU.
 
-Each entry of ``op_db`` that runs on the CPU in float32 has its first
-samples run on ``tpu`` and compared with the CPU's results: forward values
-in float32 (and bfloat16 where the entry supports it) and, for entries that
-support autograd, gradients in float32. There is no CPU fallback: an aten op
+Each entry of ``op_db`` has its first samples run on ``tpu`` and compared
+with the CPU's results: forward values in float32, bfloat16 and complex64,
+and, for entries that support autograd, gradients in float32 and complex64
+(each where the CPU runs the entry in that dtype). There is no CPU fallback: an aten op
 without a tpu kernel fails its entry.
 
 Run as a script for the summary (``python opinfo.py [--ops a,b]
@@ -31,7 +31,7 @@ SAMPLES = 3
 ENTRY_TIMEOUT_S = 60
 #: Forward tolerances per dtype (XLA's transcendental functions differ from
 #: PyTorch's by a few ulps).
-TOLERANCE = {torch.float32: (1e-4, 1.3e-4), torch.bfloat16: (1e-2, 1.6e-2)}
+TOLERANCE = {torch.float32: (1e-4, 1.3e-4), torch.bfloat16: (1e-2, 1.6e-2), torch.complex64: (1e-4, 1.3e-4)}
 #: Gradient tolerances (gradients chain several ops).
 GRAD_TOLERANCE = (1e-3, 1e-3)
 
@@ -152,7 +152,7 @@ def check_forward(op, dtype, samples):
 
 
 def _differentiable_outputs(out):
-    return [t for t in _tensors(out) if t.requires_grad and t.dtype.is_floating_point]
+    return [t for t in _tensors(out) if t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)]
 
 
 def check_gradients(op, samples):
@@ -241,7 +241,7 @@ def _first_line(e):
 
 
 #: The checks each entry gets, in order; the first one is the headline.
-STAGES = ("float32 forward", "bfloat16 forward", "float32 gradients")
+STAGES = ("float32 forward", "bfloat16 forward", "float32 gradients", "complex64 forward", "complex64 gradients")
 
 
 #: A stage's outcomes: compared on tpu and equal, compared and not, or
@@ -286,12 +286,17 @@ def run_entry(op, samples_per_dtype):
 
         return check
 
-    def gradients():
-        if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
-            raise NotComparable("no autograd on CPU")
-        check_gradients(op, _samples(op, torch.float32, True, samples_per_dtype))
+    def gradients(dtype):
+        def check():
+            if not op.supports_autograd or dtype not in op.supported_backward_dtypes("cpu"):
+                raise NotComparable(f"no {dtype} autograd on CPU")
+            check_gradients(op, _samples(op, dtype, True, samples_per_dtype))
 
-    checks = dict(zip(STAGES, (forward(torch.float32), forward(torch.bfloat16), gradients)))
+        return check
+
+    checks = dict(zip(STAGES, (
+        forward(torch.float32), forward(torch.bfloat16), gradients(torch.float32),
+        forward(torch.complex64), gradients(torch.complex64))))
     return {stage: _stage(check) for stage, check in checks.items()}
 
 

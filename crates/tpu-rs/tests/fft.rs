@@ -199,9 +199,16 @@ fn complex_values_round_trip_and_print() -> Result<()> {
     );
     let shown = t.to_string();
     assert!(shown.contains("1.5000-2.0000j"), "{shown}");
-    // Ops written for real numbers refuse complex ones by name.
-    let err = t.exp().unwrap_err().to_string();
-    assert!(err.contains("exp") && err.contains("c64"), "{err}");
+    // Complex math, and ops written for real numbers refusing complex
+    // numbers by name.
+    let e = t.exp()?.to_vec::<Complex<f32>>()?;
+    assert!(
+        (e[0] - z[0].exp()).norm() < 1e-5 * z[0].exp().norm(),
+        "{e:?}"
+    );
+    assert_eq!(t.eq(&t)?.to_vec::<bool>()?, vec![true, true]);
+    let err = t.erf().unwrap_err().to_string();
+    assert!(err.contains("erf") && err.contains("c64"), "{err}");
     let err = t.rfft(None, -1, FftNorm::Backward).unwrap_err().to_string();
     assert!(err.contains("real tensor"), "{err}");
     // safetensors holds c64 as PyTorch writes it, and has no c128.

@@ -199,7 +199,7 @@ fn promoted_binary(
 /// `d`, or `default` when `d` is not a float (true division, `exp` of an
 /// integer).
 pub fn float_or(d: DType, default: DType) -> DType {
-    if d.is_float() { d } else { default }
+    if d.is_inexact() { d } else { default }
 }
 
 /// `x ** e` by products, square roots and reciprocals for the exponents
@@ -208,7 +208,7 @@ fn pow_scalar(c: &Call<'_>) -> Result<Tensor> {
     let d = c.promoted()?;
     let e = c.number(1)?;
     let integer_exponent = c.dtype(1)? == DType::I64;
-    if integer_exponent && e < 0.0 && !d.is_float() && d != DType::Bool {
+    if integer_exponent && e < 0.0 && !d.is_inexact() && d != DType::Bool {
         return Err(error(
             "Integers to negative integer powers are not allowed.",
         ));
@@ -414,11 +414,21 @@ fn bitwise_not(c: &Call<'_>) -> Result<Tensor> {
     apply("bitwise_xor", &[x, c.constant(d, ones)?])
 }
 
+/// `y` itself, or its conjugate when complex: the derivative factors of
+/// complex gradients are conjugated.
+fn conj(y: Tensor) -> Result<Tensor> {
+    if y.dtype().is_complex() {
+        apply("conj", &[y])
+    } else {
+        Ok(y)
+    }
+}
+
 /// `grad * (1 - y * y)`.
 fn tanh_backward(c: &Call<'_>) -> Result<Tensor> {
     let d = c.dtype(1)?;
     let m = opmath(d);
-    let y = cast(c.tensor(1)?, m)?;
+    let y = conj(cast(c.tensor(1)?, m)?)?;
     let one_minus = apply(
         "sub",
         &[c.constant(m, 1.0)?, apply("mul", &[y.clone(), y])?],
@@ -430,7 +440,7 @@ fn tanh_backward(c: &Call<'_>) -> Result<Tensor> {
 fn sigmoid_backward(c: &Call<'_>) -> Result<Tensor> {
     let d = c.dtype(1)?;
     let m = opmath(d);
-    let y = cast(c.tensor(1)?, m)?;
+    let y = conj(cast(c.tensor(1)?, m)?)?;
     let one_minus = apply("sub", &[c.constant(m, 1.0)?, y.clone()])?;
     cast(
         apply("mul", &[apply("mul", &[c.operand(0, m)?, one_minus])?, y])?,

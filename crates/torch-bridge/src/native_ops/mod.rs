@@ -506,7 +506,11 @@ impl<'a> Call<'a> {
 
     /// Number argument `i`.
     pub fn number(&self, i: usize) -> Result<f64> {
-        Ok(self.arg_of(i, ffi::ArgKind::Number, "a number")?.number)
+        let a = self.arg_of(i, ffi::ArgKind::Number, "a number")?;
+        if a.dtype == ffi::Dtype::C64 || a.dtype == ffi::Dtype::C128 {
+            return Err(self.expected(i, "a real number"));
+        }
+        Ok(a.number)
     }
 
     /// Integer (or bool) argument `i`.
@@ -623,7 +627,7 @@ impl<'a> Call<'a> {
             ffi::ArgKind::Tensor | ffi::ArgKind::HostTensor | ffi::ArgKind::OtherTensor => {
                 cast(self.tensor(i)?, dtype)
             }
-            ffi::ArgKind::Number => scalar(dtype, a.number, self.device()?),
+            ffi::ArgKind::Number => crate::kernels::number(dtype, a.number, a.imag, self.device()?),
             _ => Err(self.expected(i, "a tensor or a number")),
         }
     }

@@ -126,6 +126,11 @@ impl HostTensor {
         HostTensor::float(dtype, a)
     }
 
+    /// A rank-0 tensor of complex `dtype`.
+    pub fn complex_scalar(dtype: DType, value: Complex<f64>) -> HostTensor {
+        HostTensor::complex(dtype, ArrayD::from_elem(IxDyn(&[]), value))
+    }
+
     /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype

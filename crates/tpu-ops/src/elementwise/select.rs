@@ -40,7 +40,19 @@ fn where_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
     let dtype = promote(&x[1].ty(), &x[2].ty());
     let c = broadcast_array(&x[0].to_i64(), shape.dims())?;
     let (t, f) = (x[1].cast(dtype), x[2].cast(dtype));
-    Ok(vec![if dtype.is_float() {
+    Ok(vec![if dtype.is_complex() {
+        let (t, f) = (
+            broadcast_array(&t.to_complex(), shape.dims())?,
+            broadcast_array(&f.to_complex(), shape.dims())?,
+        );
+        HostTensor::complex(
+            dtype,
+            Zip::from(&c)
+                .and(&t)
+                .and(&f)
+                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
+        )
+    } else if dtype.is_float() {
         let (t, f) = (
             broadcast_array(&t.to_f64(), shape.dims())?,
             broadcast_array(&f.to_f64(), shape.dims())?,
@@ -70,9 +82,10 @@ fn where_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
 #[cfg(feature = "conformance")]
 fn where_sample(g: &mut Gen) -> Sample {
     let shape = g.shape(0, 3);
-    let dtype = g.pick(NUMERIC);
+    let dtype = g.pick(NUMERIC_OR_COMPLEX);
     let (cs, bs) = (g.broadcastable(&shape), g.broadcastable(&shape));
-    let other = if g.below(4) == 0 {
+    // Mixed real and complex operands are left to `add` and `mul`.
+    let other = if g.below(4) == 0 && !dtype.is_complex() {
         g.pick(NUMERIC)
     } else {
         dtype
@@ -88,6 +101,7 @@ inventory::submit! {
         name: "where",
         arity: Arity::Exactly(3),
         flags: Flags::ELEMENTWISE,
+        dtypes: ANY,
         infer: |x, _| infer_where(x),
         lower: |b, x, _| lower_where(b, x),
         reference: |x, _| where_ref(x),
@@ -98,7 +112,7 @@ inventory::submit! {
             let gf = t.call1("where", &[c, zero, a.grads[0]], Attrs::new())?;
             Ok(vec![None, grad_for(t, gt, a.inputs[1])?, grad_for(t, gf, a.inputs[2])?])
         }),
-        samples: || (0..6).map(|i| where_sample(&mut Gen::new(i))).collect(),
+        samples: || (0..10).map(|i| where_sample(&mut Gen::new(i))).collect(),
         arbitrary: where_sample,
         torch: Torch::Expr("torch.where(x[0], x[1], x[2])"),
     }

@@ -7,7 +7,9 @@ use tpu_core::op::Gen;
 use tpu_core::op::{Arity, Flags, OpResult, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
-use super::unary::{chain, float_op, float_ref, infer_float, lower_float, transcendental};
+use super::unary::{
+    C64, chain, float_op, float_or_complex_ref, float_ref, infer_float, lower_float, transcendental,
+};
 use crate::support::*;
 
 /// `1 / sqrt(s)` where `s` is `sign * x² + offset`.
@@ -27,6 +29,7 @@ fn one_plus(t: &mut dyn Tape, x: Var, sign: f64, offset: f64) -> OpResult<Var> {
 float_op!("sinh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.sinh"),
     reference: f64::sinh,
+    complex: |z: C64| z.sinh(),
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("cosh", x)),
     range: (-3.0, 3.0), tolerance: transcendental,
     torch: "torch.sinh(x[0])");
@@ -34,6 +37,7 @@ float_op!("sinh",
 float_op!("cosh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.cosh"),
     reference: f64::cosh,
+    complex: |z: C64| z.cosh(),
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("sinh", x)),
     range: (-3.0, 3.0), tolerance: transcendental,
     torch: "torch.cosh(x[0])");
@@ -41,6 +45,7 @@ float_op!("cosh",
 float_op!("asin",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.asin"),
     reference: f64::asin,
+    complex: |z: C64| z.asin(),
     vjp: |t, a| chain(t, a, |t, x, _| rsqrt_of(t, x, -1.0, 1.0)),
     range: (-0.95, 0.95), tolerance: transcendental,
     torch: "torch.asin(x[0])");
@@ -48,6 +53,7 @@ float_op!("asin",
 float_op!("acos",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.acos"),
     reference: f64::acos,
+    complex: |z: C64| z.acos(),
     vjp: |t, a| chain(t, a, |t, x, _| {
         let d = rsqrt_of(t, x, -1.0, 1.0)?;
         t.neg(d)
@@ -76,6 +82,7 @@ float_op!("atan",
 float_op!("asinh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.asinh"),
     reference: f64::asinh,
+    complex: |z: C64| z.asinh(),
     vjp: |t, a| chain(t, a, |t, x, _| rsqrt_of(t, x, 1.0, 1.0)),
     range: (-4.0, 4.0), tolerance: transcendental,
     torch: "torch.asinh(x[0])");
@@ -83,6 +90,7 @@ float_op!("asinh",
 float_op!("acosh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.acosh"),
     reference: f64::acosh,
+    complex: |z: C64| z.acosh(),
     vjp: |t, a| chain(t, a, |t, x, _| rsqrt_of(t, x, 1.0, -1.0)),
     range: (1.1, 5.0), tolerance: transcendental,
     torch: "torch.acosh(x[0])");
@@ -90,8 +98,10 @@ float_op!("acosh",
 float_op!("atanh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "chlo.atanh"),
     reference: f64::atanh,
+    complex: |z: C64| z.atanh(),
     vjp: |t, a| {
         let d = one_plus(t, a.inputs[0], -1.0, 1.0)?;
+        let d = t.conj(d)?;
         Ok(vec![Some(t.div(a.grads[0], d)?)])
     },
     range: (-0.9, 0.9), tolerance: transcendental,

@@ -13,14 +13,18 @@ use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
 use super::special::erf;
 use crate::support::*;
 
+/// The complex numbers references compute in.
+pub(super) type C64 = tpu_core::Complex<f64>;
+
 fn one_type(inputs: &[TensorType]) -> OpResult<&TensorType> {
     inputs.first().ok_or_else(|| "missing input".into())
 }
 
-/// Float functions: numeric input, float output.
+/// Float functions: numeric input, float output (complex in, complex out
+/// for the functions that list complex dtypes; dispatch refuses the rest).
 pub(super) fn infer_float(inputs: &[TensorType], _: &Attrs) -> OpResult<Vec<TensorType>> {
     let x = one_type(inputs)?;
-    require_dtype(x.dtype, NUMERIC, "input")?;
+    require_dtype(x.dtype, NUMERIC_OR_COMPLEX, "input")?;
     Ok(vec![TensorType::new(to_float(x.dtype), x.shape.clone())])
 }
 
@@ -46,14 +50,33 @@ pub(super) fn lower_float(b: &mut Builder, x: &Value, op: &str) -> Value {
 
 pub(super) fn float_ref(inputs: &[HostTensor], f: fn(f64) -> f64) -> OpResult<Vec<HostTensor>> {
     let x = one(inputs)?;
+    if x.dtype().is_complex() {
+        return Err(complex_unsupported());
+    }
     let out = to_float(x.dtype());
     Ok(vec![map_float(&x.cast(out), out, f)])
+}
+
+/// [`float_ref`], with `fc` for complex inputs.
+pub(super) fn float_or_complex_ref(
+    inputs: &[HostTensor],
+    f: fn(f64) -> f64,
+    fc: fn(C64) -> C64,
+) -> OpResult<Vec<HostTensor>> {
+    let x = one(inputs)?;
+    if !x.dtype().is_complex() {
+        return float_ref(inputs, f);
+    }
+    Ok(vec![HostTensor::complex(
+        x.dtype(),
+        x.to_complex().mapv(fc),
+    )])
 }
 
 /// Transcendental functions get a few more ulps than arithmetic.
 pub(super) fn transcendental(d: DType) -> Tolerance {
     let t = Tolerance::for_dtype(d);
-    if d == DType::F32 {
+    if d.real_part() == DType::F32 {
         t.scaled(10.0)
     } else {
         t.scaled(2.0)
@@ -73,13 +96,16 @@ fn gelu_tanh(x: f64) -> f64 {
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }
 
-/// `g * f'(x)` where `f'` is built on the tape from `x` and `y = f(x)`.
+/// `g * conj(f'(x))` where `f'` is built on the tape from `x` and
+/// `y = f(x)`: for a holomorphic `f` the conjugate is PyTorch's convention
+/// for complex gradients, and a no-op for real ones.
 pub(super) fn chain(
     t: &mut dyn Tape,
     a: &VjpArgs<'_>,
     derivative: impl FnOnce(&mut dyn Tape, Var, Var) -> OpResult<Var>,
 ) -> OpResult<Vec<Option<Var>>> {
     let d = derivative(t, a.inputs[0], a.outputs[0])?;
+    let d = t.conj(d)?;
     let g = t.mul(a.grads[0], d)?;
     Ok(vec![Some(g)])
 }
@@ -88,6 +114,8 @@ fn zero_grad(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     Ok(vec![Some(t.full_like(a.inputs[0], 0.0)?)])
 }
 
+/// A unary float function's record. With `complex: fc` it also takes
+/// complex inputs (`fc` their reference; the lowering must accept them).
 macro_rules! float_op {
     ($name:literal, lower: $lower:expr, reference: $f:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), tolerance: $tol:expr, torch: $torch:literal) => {
         inventory::submit! {
@@ -107,12 +135,35 @@ macro_rules! float_op {
             }
         }
     };
+    ($name:literal, lower: $lower:expr, reference: $f:expr, complex: $fc:expr, vjp: $vjp:expr, range: ($lo:expr, $hi:expr), tolerance: $tol:expr, torch: $torch:literal) => {
+        inventory::submit! {
+            tpu_core::op_def! {
+                name: $name,
+                arity: Arity::Exactly(1),
+                flags: Flags::ELEMENTWISE,
+                dtypes: NUMERIC_OR_COMPLEX,
+                infer: infer_float,
+                lower: |b, x, _| Ok(vec![$lower(b, &x[0])]),
+                reference: |x, _| float_or_complex_ref(x, $f, $fc),
+                vjp: Some($vjp),
+                tolerance: $tol,
+                samples: || {
+                    let mut s = unary_samples(FLOATS, $lo, $hi);
+                    s.extend(unary_samples(COMPLEX, $lo, $hi));
+                    s
+                },
+                arbitrary: |g: &mut Gen| unary_arbitrary(g, NUMERIC_OR_COMPLEX, $lo, $hi),
+                torch: Torch::Expr($torch),
+            }
+        }
+    };
 }
 pub(super) use float_op;
 
 float_op!("exp",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.exponential"),
     reference: f64::exp,
+    complex: |z: C64| z.exp(),
     vjp: |t, a| chain(t, a, |_, _, y| Ok(y)),
     range: (-3.0, 3.0), tolerance: transcendental,
     torch: "torch.exp(x[0])");
@@ -120,6 +171,7 @@ float_op!("exp",
 float_op!("expm1",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.exponential_minus_one"),
     reference: f64::exp_m1,
+    complex: |z: C64| z.exp() - 1.0,
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("exp", x)),
     range: (-3.0, 3.0), tolerance: transcendental,
     torch: "torch.expm1(x[0])");
@@ -127,16 +179,22 @@ float_op!("expm1",
 float_op!("log",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.log"),
     reference: f64::ln,
-    vjp: |t, a| { let g = t.div(a.grads[0], a.inputs[0])?; Ok(vec![Some(g)]) },
+    complex: |z: C64| z.ln(),
+    vjp: |t, a| {
+        let x = t.conj(a.inputs[0])?;
+        Ok(vec![Some(t.div(a.grads[0], x)?)])
+    },
     range: (0.1, 5.0), tolerance: transcendental,
     torch: "torch.log(x[0])");
 
 float_op!("log1p",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.log_plus_one"),
     reference: f64::ln_1p,
+    complex: |z: C64| (z + 1.0).ln(),
     vjp: |t, a| {
         let one = t.full_like(a.inputs[0], 1.0)?;
         let d = t.add(a.inputs[0], one)?;
+        let d = t.conj(d)?;
         Ok(vec![Some(t.div(a.grads[0], d)?)])
     },
     range: (-0.5, 5.0), tolerance: transcendental,
@@ -145,8 +203,10 @@ float_op!("log1p",
 float_op!("sqrt",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.sqrt"),
     reference: f64::sqrt,
+    complex: |z: C64| z.sqrt(),
     vjp: |t, a| {
         let two_y = t.scale(a.outputs[0], 2.0)?;
+        let two_y = t.conj(two_y)?;
         Ok(vec![Some(t.div(a.grads[0], two_y)?)])
     },
     range: (0.1, 5.0), tolerance: transcendental,
@@ -155,6 +215,7 @@ float_op!("sqrt",
 float_op!("rsqrt",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.rsqrt"),
     reference: |x| 1.0 / x.sqrt(),
+    complex: |z: C64| z.sqrt().inv(),
     vjp: |t, a| chain(t, a, |t, _, y| {
         let y2 = t.mul(y, y)?;
         let y3 = t.mul(y2, y)?;
@@ -170,6 +231,7 @@ float_op!("reciprocal",
         b.binary("stablehlo.divide", &one, &x)
     },
     reference: |x| 1.0 / x,
+    complex: |z: C64| z.inv(),
     vjp: |t, a| chain(t, a, |t, _, y| {
         let y2 = t.mul(y, y)?;
         t.neg(y2)
@@ -180,6 +242,7 @@ float_op!("reciprocal",
 float_op!("sin",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.sine"),
     reference: f64::sin,
+    complex: |z: C64| z.sin(),
     vjp: |t, a| chain(t, a, |t, x, _| t.unary("cos", x)),
     range: (-3.0, 3.0), tolerance: transcendental,
     torch: "torch.sin(x[0])");
@@ -187,6 +250,7 @@ float_op!("sin",
 float_op!("cos",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.cosine"),
     reference: f64::cos,
+    complex: |z: C64| z.cos(),
     vjp: |t, a| chain(t, a, |t, x, _| {
         let s = t.unary("sin", x)?;
         t.neg(s)
@@ -202,6 +266,7 @@ float_op!("tan",
         b.binary("stablehlo.divide", &s, &c)
     },
     reference: f64::tan,
+    complex: |z: C64| z.tan(),
     vjp: |t, a| chain(t, a, |t, _, y| {
         let y2 = t.mul(y, y)?;
         let one = t.full_like(y, 1.0)?;
@@ -213,6 +278,7 @@ float_op!("tan",
 float_op!("tanh",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.tanh"),
     reference: f64::tanh,
+    complex: |z: C64| z.tanh(),
     vjp: |t, a| chain(t, a, |t, _, y| {
         let y2 = t.mul(y, y)?;
         let one = t.full_like(y, 1.0)?;
@@ -224,6 +290,7 @@ float_op!("tanh",
 float_op!("sigmoid",
     lower: |b: &mut Builder, x: &Value| lower_float(b, x, "stablehlo.logistic"),
     reference: sigmoid,
+    complex: |z: C64| (C64::new(1.0, 0.0) + (-z).exp()).inv(),
     vjp: |t, a| chain(t, a, |t, _, y| {
         let one = t.full_like(y, 1.0)?;
         let rest = t.sub(one, y)?;

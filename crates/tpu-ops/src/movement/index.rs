@@ -95,7 +95,7 @@ fn gather_vjp(t: &mut dyn Tape, x: Var, idx: Var, g: Var, dim: usize) -> OpResul
 
 #[cfg(feature = "conformance")]
 fn gather_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(REAL);
+    let dtype = g.pick(ANY);
     let xs = g.shape(0, 4);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -397,7 +397,7 @@ fn select_plan(x: &TensorType, idx: &TensorType, attrs: &Attrs) -> OpResult<(usi
 
 #[cfg(feature = "conformance")]
 fn index_select_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(REAL);
+    let dtype = g.pick(ANY);
     let xs = g.shape(0, 4);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -419,6 +419,7 @@ inventory::submit! {
     op_def! {
         name: "index_select",
         arity: Arity::Exactly(2),
+        dtypes: ANY,
         indices: |x, attrs| index_into(&x[0], select_plan(&x[0], &x[1], attrs).map(|p| p.0)),
         infer: |x, attrs| {
             let (a, i) = two(x, "input, index")?;

@@ -325,7 +325,7 @@ fn index_add_plan(
 
 #[cfg(feature = "conformance")]
 fn index_add_sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(REAL);
+    let dtype = g.pick(ANY);
     let xs = g.shape(0, 3);
     let rank = xs.rank();
     let dim = random_dim(g, rank);
@@ -358,6 +358,7 @@ inventory::submit! {
     op_def! {
         name: "index_add",
         arity: Arity::Exactly(3),
+        dtypes: ANY,
         indices: |x, attrs| index_into(&x[0], index_add_plan(&x[0], &x[1], &x[2], attrs)),
         infer: |x, attrs| {
             let (a, i, s) = three(x)?;

@@ -1,4 +1,4 @@
-//! `mean` (float inputs only, as in PyTorch; f16 and bf16 accumulate in f32;
+//! `mean` (float and complex inputs only, as in PyTorch; f16 and bf16 accumulate in f32;
 //! the mean of nothing is NaN) and `prod` (integers and bool multiply to
 //! i64, as in PyTorch).
 
@@ -15,7 +15,7 @@ use crate::support::*;
 
 fn infer_mean(inputs: &[TensorType], attrs: &tpu_core::op::Attrs) -> OpResult<Vec<TensorType>> {
     let t = first(inputs)?;
-    require_dtype(t.dtype, FLOATS, "input of mean (a float dtype)")?;
+    require_dtype(t.dtype, INEXACT, "input of mean (a float or complex dtype)")?;
     let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
     Ok(vec![TensorType::new(
         t.dtype,
@@ -34,6 +34,16 @@ fn lower_mean(b: &mut Builder, x: &Value, attrs: &tpu_core::op::Attrs) -> OpResu
 }
 
 fn mean_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor> {
+    if x.dtype().is_complex() {
+        let (dims, keepdim) = reduce_args(&x.shape(), attrs)?;
+        let mut a = x.to_complex();
+        for &d in dims.iter().rev() {
+            a = a.sum_axis(ndarray::Axis(d));
+        }
+        let n = count(x.dims(), &dims) as f64;
+        let mean = HostTensor::complex(x.dtype(), a.mapv(|v| v / n));
+        return reshape_to(&mean, &reduced_shape(&x.shape(), &dims, keepdim));
+    }
     reduce_f64(x, attrs, x.dtype(), |g| {
         g.iter().sum::<f64>() / g.len() as f64
     })
@@ -52,14 +62,14 @@ inventory::submit! {
         name: "mean",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
-        dtypes: FLOATS,
+        dtypes: INEXACT,
         infer: infer_mean,
         lower: |b, x, attrs| Ok(vec![lower_mean(b, &x[0], attrs)?]),
         reference: |x, attrs| Ok(vec![mean_ref(one(x)?, attrs)?]),
         vjp: Some(mean_vjp),
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
-        samples: || (0..10).map(|i| reduce_sample(&mut Gen::new(100 + i), FLOATS)).collect(),
-        arbitrary: |g: &mut Gen| reduce_sample(g, FLOATS),
+        samples: || (0..10).map(|i| reduce_sample(&mut Gen::new(100 + i), FLOATS)).chain((0..4).map(|i| reduce_sample(&mut Gen::new(140 + i), COMPLEX))).collect(),
+        arbitrary: |g: &mut Gen| reduce_sample(g, INEXACT),
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         torch: Torch::Expr(r#"(lambda d, k: torch.mean(x[0], d, keepdim=k) if d else torch.mean(x[0].unsqueeze(-1), -1))(a.get("dims", list(range(x[0].dim()))), a.get("keepdim", False))"#),

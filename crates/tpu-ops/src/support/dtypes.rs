@@ -74,6 +74,9 @@ pub const NUMERIC_OR_COMPLEX: &[DType] = &with_complex::<12>(NUMERIC);
 /// Signed numbers and the complex dtypes (what `abs` and `neg` take).
 pub const SIGNED_OR_COMPLEX: &[DType] = &with_complex::<10>(SIGNED);
 
+/// Floats and the complex dtypes (what `mean` takes).
+pub const INEXACT: &[DType] = &with_complex::<6>(FLOATS);
+
 /// 0 for bool, 1 for integers, 2 for floats, 3 for complex.
 fn category(d: DType) -> u8 {
     if d == DType::Bool {

@@ -10,7 +10,7 @@ from .registry import kernel
 
 
 def _float(dtype):
-    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.get_default_dtype()
 
 
 def run(op, inputs, attrs=None, dtype=None):
@@ -148,7 +148,7 @@ for _names, _left in (
     (("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor", "bitwise_right_shift.Tensor_Scalar"), False),
 ):
     kernel(*_names)(lambda self, other, _left=_left: _shift(self, other, _left))
-kernel("pow.Tensor_Tensor")(_binary("pow"))
+kernel("pow.Tensor_Tensor", complex=True)(_binary("pow"))
 
 
 def _pow_by_value(x, exponent):
@@ -173,10 +173,11 @@ def _pow_by_value(x, exponent):
     return None
 
 
-@kernel("pow.Tensor_Scalar")
+@kernel("pow.Tensor_Scalar", complex=True)
 def pow_tensor_scalar(self, exponent):
     dtype = torch.result_type(self, exponent)
-    if isinstance(exponent, int) and exponent < 0 and not dtype.is_floating_point and dtype != torch.bool:
+    if isinstance(exponent, int) and exponent < 0 and not (dtype.is_floating_point or dtype.is_complex) \
+            and dtype != torch.bool:
         raise RuntimeError("Integers to negative integer powers are not allowed.")
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
         x = self if self.dtype == dtype else run("cast", [self], {"dtype": dtype})
@@ -286,13 +287,14 @@ def _rounding(op):
 for _name in ("floor", "ceil", "round"):
     kernel(_name)(_rounding(_name))
 
-# Unary ops with a float result.
+# Unary ops with a float result (complex for complex inputs).
 for _name in (
     "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid",
-    "silu", "erf", "reciprocal", "log1p", "expm1", "sinh", "cosh", "asin",
-    "acos", "atan", "asinh", "acosh", "atanh", "erfc", "erfinv", "lgamma",
-    "digamma",
+    "reciprocal", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "asinh",
+    "acosh", "atanh",
 ):
+    kernel(_name, complex=True)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
+for _name in ("silu", "erf", "atan", "erfc", "erfinv", "lgamma", "digamma"):
     kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
 
 # torch.special's Bessel and Gaussian tail functions: aten name -> device op.

@@ -36,13 +36,13 @@ def _check_along(op, self, dim, index):
     _check_bounds(op, index, self.shape[dim] if self.ndim else 1, dim)
 
 
-@kernel("index_select")
+@kernel("index_select", complex=True)
 def index_select(self, dim, index):
     _check_along("index_select", self, dim, index)
     return run("index_select", [self, index], {"dim": dim})
 
 
-@kernel("gather")
+@kernel("gather", complex=True)
 def gather(self, dim, index, *, sparse_grad=False):
     _check_along("gather", self, dim, index)
     return run("gather", [self, index], {"dim": dim})
@@ -138,12 +138,12 @@ def repeat_interleave(repeats, *, output_size=None):
     return torch.repeat_interleave(counts, output_size=output_size).to(repeats.device)
 
 
-@kernel("stack")
+@kernel("stack", complex=True)
 def stack(tensors, dim=0):
     return run("stack", list(tensors), {"dim": dim})
 
 
-@kernel("flip")
+@kernel("flip", complex=True)
 def flip(self, dims):
     return run("flip", [self], {"dims": list(dims)})
 
@@ -444,7 +444,7 @@ def take(self, positions):
     return index(self.reshape(-1), [positions])
 
 
-@kernel("index.Tensor")
+@kernel("index.Tensor", complex=True)
 def index(self, indices):
     indices = list(indices) + [None] * (self.ndim - len(indices))
     dims, linear, shape = _linear_index(self, indices, "index")
@@ -459,12 +459,15 @@ def index(self, indices):
     return out
 
 
-@kernel("index_put")
+@kernel("index_put", complex=True)
 def index_put(self, indices, values, accumulate=False):
     indices = list(indices) + [None] * (self.ndim - len(indices))
     dims, linear, shape = _linear_index(self, indices, "index_put")
     x, rest = _front(self, dims)
     rest_shape = [self.shape[d] for d in rest]
+    if values.is_complex() and not self.is_complex():
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {self.dtype} "
+                           f"for the destination and {values.dtype} for the source.")
     values = values.to(self.dtype)
     if _adjacent(dims) and dims[0] > 0 and values.ndim > len(shape):
         # Values are laid out with the index dims in place; move them first.

@@ -35,12 +35,12 @@ def sum_all(self, *, dtype=None):
     return _reduce("sum", self, None, False, dtype)
 
 
-@kernel("mean.dim")
+@kernel("mean.dim", complex=True)
 def mean_dim(self, dim, keepdim=False, *, dtype=None):
     return _reduce("mean", self, dim, keepdim, dtype)
 
 
-@kernel("mean.default")
+@kernel("mean.default", complex=True)
 def mean_all(self, *, dtype=None):
     return _reduce("mean", self, None, False, dtype)
 
@@ -439,8 +439,14 @@ def mode(self, dim=-1, keepdim=False):
     return value.movedim(-1, d), index.movedim(-1, d)
 
 
-@kernel("linalg_vector_norm")
+@kernel("linalg_vector_norm", complex=True)
 def linalg_vector_norm(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if self.is_complex():
+        # The norm of complex values is that of their magnitudes.
+        if dtype is not None and not dtype.is_complex:
+            raise RuntimeError(f"linalg.vector_norm: dtype should be complex for a complex input, got {dtype}")
+        x = self if dtype is None else run("cast", [self], {"dtype": dtype})
+        return linalg_vector_norm(run("abs", [x]), ord, dim, keepdim)
     if not self.is_floating_point():
         raise NotImplementedError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {self.dtype}")
     x = self if dtype is None else run("cast", [self], {"dtype": dtype})
