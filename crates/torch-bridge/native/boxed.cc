@@ -248,6 +248,9 @@ const c10::IValue& aliased(const c10::FunctionSchema& schema,
 
 c10::IValue number_value(const Outcome& out) {
   if (out.number_type == Dtype::Bool) return c10::IValue(out.integer != 0);
+  if (out.number_type == Dtype::C64 || out.number_type == Dtype::C128) {
+    return c10::IValue(c10::complex<double>(out.number, out.imag));
+  }
   if (c10::isFloatingType(scalar_type(out.number_type))) {
     return c10::IValue(out.number);
   }

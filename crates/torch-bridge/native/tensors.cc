@@ -43,7 +43,8 @@ bool takes_complex(std::string_view op) {
       "sigmoid_backward", "where.self", "eq.Tensor", "eq.Scalar", "ne.Tensor", "ne.Scalar",
       "eq_.Tensor", "eq_.Scalar", "ne_.Tensor", "ne_.Scalar", "masked_fill.Scalar",
       "masked_fill_.Scalar", "masked_fill.Tensor", "masked_fill_.Tensor", "index_select", "addmm",
-      "baddbmm", "rsub.Tensor", "rsub.Scalar"};
+      "baddbmm", "rsub.Tensor", "rsub.Scalar", "cumsum", "tril", "triu", "isnan", "isinf",
+      "_local_scalar_dense"};
   return ops.count(op) != 0;
 }
 

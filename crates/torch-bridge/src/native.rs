@@ -142,7 +142,10 @@ pub(crate) mod ffi {
         bytes: Vec<u8>,
         tensors: Vec<NewTensor>,
         has_number: bool,
+        /// The number (its real part when complex).
         number: f64,
+        /// A complex number's imaginary part.
+        imag: f64,
         integer: i64,
         number_type: Dtype,
     }

@@ -130,6 +130,12 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             if x.dtype().is_float() {
                 return apply(name, &[x]);
             }
+            if x.dtype().is_complex() {
+                // A complex number is NaN (infinite) where either part is.
+                let re = apply(name, &[apply("real", std::slice::from_ref(&x))?])?;
+                let im = apply(name, &[apply("imag", &[x])?])?;
+                return apply("logical_or", &[re, im]);
+            }
             // Integers are never NaN or infinite.
             full(DType::Bool, x.shape().dims(), 0.0, c.device()?)
         });

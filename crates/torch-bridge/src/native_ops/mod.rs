@@ -179,6 +179,9 @@ fn outcome(done: Done) -> Result<ffi::Outcome> {
             out.has_number = true;
             out.number_type = code(host.dtype());
             out.number = host.to_f64().iter().next().copied().unwrap_or(0.0);
+            if host.dtype().is_complex() {
+                out.imag = host.to_complex().iter().next().map_or(0.0, |z| z.im);
+            }
             out.integer = host.to_i64().iter().next().copied().unwrap_or(0);
         }
         Done::Integer(i) => {
@@ -280,6 +283,7 @@ fn nothing_done() -> ffi::Outcome {
         tensors: Vec::new(),
         has_number: false,
         number: 0.0,
+        imag: 0.0,
         integer: 0,
         number_type: ffi::Dtype::F64,
     }

@@ -47,7 +47,7 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         let x = c.tensor(0)?;
         let dtype = match c.scalar_type(2)? {
             Some(d) => d,
-            None if x.dtype().is_float() => x.dtype(),
+            None if x.dtype().is_inexact() => x.dtype(),
             None => DType::I64,
         };
         let attrs = Attrs::new().with("dim", c.int(1)?);

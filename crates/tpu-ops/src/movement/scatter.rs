@@ -213,13 +213,14 @@ inventory::submit! {
     op_def! {
         name: "scatter",
         arity: Arity::Exactly(3),
+        dtypes: ANY,
         indices: |x, attrs| index_into(&x[0], scatter_plan(&x[0], &x[1], &x[2], attrs)),
         infer: infer_scatter,
         lower: |b, x, attrs| lower_scatter(b, x, attrs, Combine::Replace),
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Replace),
         vjp: Some(|t, a| scatter_vjp(t, a, Combine::Replace)),
-        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), REAL, true)).collect(),
-        arbitrary: |g| scatter_sample(g, REAL, true),
+        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ANY, true)).collect(),
+        arbitrary: |g| scatter_sample(g, ANY, true),
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),
@@ -237,8 +238,8 @@ inventory::submit! {
         reference: |x, attrs| reference_scatter(x, attrs, Combine::Add),
         vjp: Some(|t, a| scatter_vjp(t, a, Combine::Add)),
         tolerance: |d| Tolerance::for_dtype(d).scaled(4.0),
-        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), REAL, false)).collect(),
-        arbitrary: |g| scatter_sample(g, REAL, false),
+        samples: || (0..12).map(|i| scatter_sample(&mut Gen::new(i), ANY, false)).collect(),
+        arbitrary: |g| scatter_sample(g, ANY, false),
         // Only the index-shaped block of src takes part: it is cut out first,
         // as PyTorch's backward requires.
         torch: Torch::Expr(r#"torch.scatter_add(x[0], a["dim"], x[1], x[2][tuple(map(slice, x[1].shape))])"#),

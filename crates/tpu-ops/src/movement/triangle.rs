@@ -63,7 +63,7 @@ fn reference(x: &HostTensor, attrs: &Attrs, upper: bool) -> OpResult<HostTensor>
 
 #[cfg(feature = "conformance")]
 fn sample(g: &mut Gen) -> Sample {
-    let dtype = g.pick(REAL);
+    let dtype = g.pick(ANY);
     let shape = g.shape(2, 4);
     let mut attrs = Attrs::new();
     if g.below(4) != 0 {
@@ -78,6 +78,7 @@ macro_rules! triangle_op {
             tpu_core::op_def! {
                 name: $name,
                 arity: Arity::Exactly(1),
+                dtypes: ANY,
                 infer: |x, attrs| {
                     let t = x.first().ok_or("missing input")?;
                     check(t, attrs)?;

@@ -15,7 +15,7 @@ use super::scan::prefix_scan;
 use crate::support::*;
 
 fn cumsum_dtype(d: DType) -> DType {
-    if d.is_float() { d } else { DType::I64 }
+    if d.is_inexact() { d } else { DType::I64 }
 }
 
 fn cumsum_dim(rank: usize, attrs: &Attrs) -> OpResult<usize> {
@@ -51,7 +51,18 @@ fn cumsum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
                     .collect()
             }),
         ),
-        HostData::Complex(_) => return Err(complex_unsupported()),
+        HostData::Complex(a) => HostTensor::complex(
+            out,
+            along(a, dim, |v| {
+                let mut s = tpu_core::Complex::new(0.0, 0.0);
+                v.iter()
+                    .map(|x| {
+                        s += x;
+                        s
+                    })
+                    .collect()
+            }),
+        ),
         HostData::Int(a) => HostTensor::int(
             out,
             along(a, dim, |v| {
@@ -70,7 +81,7 @@ fn cumsum_ref(x: &HostTensor, attrs: &Attrs) -> OpResult<HostTensor> {
 /// The gradient is the suffix sum: `sum(g) - cumsum(g) + g`.
 fn cumsum_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let x = t.ty(a.inputs[0])?;
-    if !x.dtype.is_float() {
+    if !x.dtype.is_inexact() {
         return Ok(vec![None]);
     }
     let dim = cumsum_dim(x.shape.rank(), a.attrs)?;
@@ -91,6 +102,7 @@ inventory::submit! {
     op_def! {
         name: "cumsum",
         arity: Arity::Exactly(1),
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = first(x)?;
             cumsum_dim(t.shape.rank(), attrs)?;
@@ -100,8 +112,8 @@ inventory::submit! {
         reference: |x, attrs| Ok(vec![cumsum_ref(one(x)?, attrs)?]),
         vjp: Some(cumsum_vjp),
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
-        samples: || (0..12).map(|i| dim_sample(&mut Gen::new(900 + i), REAL, -3.0, 3.0)).collect(),
-        arbitrary: |g: &mut Gen| dim_sample(g, REAL, -3.0, 3.0),
+        samples: || (0..12).map(|i| dim_sample(&mut Gen::new(900 + i), REAL, -3.0, 3.0)).chain((0..4).map(|i| dim_sample(&mut Gen::new(920 + i), COMPLEX, -3.0, 3.0))).collect(),
+        arbitrary: |g: &mut Gen| dim_sample(g, ANY, -3.0, 3.0),
         torch: Torch::Expr(r#"torch.cumsum(x[0], a["dim"])"#),
     }
 }

@@ -77,7 +77,7 @@ inventory::submit! {
 }
 
 fn prod_dtype(d: DType) -> DType {
-    if d.is_float() { d } else { DType::I64 }
+    if d.is_inexact() { d } else { DType::I64 }
 }
 
 fn lower_prod(b: &mut Builder, x: &Value, attrs: &tpu_core::op::Attrs) -> OpResult<Value> {
@@ -98,7 +98,13 @@ fn prod_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor>
             let values = gs.iter().map(|g| g.iter().product()).collect();
             float_result(x.dtype(), &kept, values, &out)
         }
-        HostData::Complex(_) => Err(complex_unsupported()),
+        HostData::Complex(_) => {
+            let mut a = x.to_complex();
+            for &d in dims.iter().rev() {
+                a = a.map_axis(ndarray::Axis(d), |lane| lane.iter().product());
+            }
+            reshape_to(&HostTensor::complex(x.dtype(), a), &out)
+        }
         HostData::Int(a) => {
             let (kept, gs) = groups(a, &dims);
             let values = gs
@@ -112,11 +118,11 @@ fn prod_ref(x: &HostTensor, attrs: &tpu_core::op::Attrs) -> OpResult<HostTensor>
 
 /// d prod / d x_i is the product of the other values: `prod / x_i` when no
 /// value is zero, the product of the non-zero values at the single zero,
-/// and 0 everywhere else.
+/// and 0 everywhere else (conjugated for complex values).
 fn prod_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let xv = a.inputs[0];
     let x = t.ty(xv)?;
-    if !x.dtype.is_float() {
+    if !x.dtype.is_inexact() {
         return Ok(vec![None]);
     }
     let (dims, _) = reduce_args(&x.shape, a.attrs)?;
@@ -135,6 +141,7 @@ fn prod_vjp(t: &mut dyn Tape, a: &VjpArgs<'_>) -> OpResult<Vec<Option<Var>>> {
     let others = t.div(pnz, nz)?;
     let d = select(t, here_zero, pnz, zero)?;
     let d = select(t, no_zero, others, d)?;
+    let d = t.conj(d)?;
     let g = unreduce(t, a.grads[0], &x.shape, &dims)?;
     Ok(vec![Some(t.mul(g, d)?)])
 }
@@ -154,7 +161,15 @@ fn prod_sample(g: &mut Gen, dtypes: &[DType]) -> Sample {
         }
     }
     let shape = tpu_core::Shape::new(dims);
-    let t = if dtype.is_float() {
+    let t = if dtype.is_complex() {
+        // Magnitudes as for floats, at random angles.
+        let mag = g.tensor_in(DType::F64, &shape, 0.55, 1.55).to_f64();
+        let angle = g.tensor_in(DType::F64, &shape, -3.1, 3.1).to_f64();
+        let z = ndarray::Zip::from(&mag)
+            .and(&angle)
+            .map_collect(|&m, &a| tpu_core::Complex::from_polar(m, a));
+        Some(HostTensor::complex(dtype, z))
+    } else if dtype.is_float() {
         // E[ln |x|] is about 0 for |x| uniform in [0.55, 1.55).
         let mag = g.tensor_in(DType::F64, &shape, 0.55, 1.55).to_f64();
         let mut v: Vec<f64> = mag.iter().map(|&m| if g.bool() { m } else { -m }).collect();
@@ -183,6 +198,7 @@ inventory::submit! {
         name: "prod",
         arity: Arity::Exactly(1),
         flags: Flags::REDUCTION,
+        dtypes: ANY,
         infer: |x, attrs| {
             let t = first(x)?;
             let (dims, keepdim) = reduce_args(&t.shape, attrs)?;
@@ -192,8 +208,8 @@ inventory::submit! {
         reference: |x, attrs| Ok(vec![prod_ref(one(x)?, attrs)?]),
         vjp: Some(prod_vjp),
         tolerance: |d| Tolerance::for_dtype(d).scaled(10.0),
-        samples: || (0..10).map(|i| prod_sample(&mut Gen::new(200 + i), NUMERIC)).collect(),
-        arbitrary: |g: &mut Gen| prod_sample(g, REAL),
+        samples: || (0..10).map(|i| prod_sample(&mut Gen::new(200 + i), NUMERIC)).chain((0..4).map(|i| prod_sample(&mut Gen::new(240 + i), COMPLEX))).collect(),
+        arbitrary: |g: &mut Gen| prod_sample(g, ANY),
         // PyTorch reduces every dim when `dims` is empty, where this op reduces
         // none: that case reduces a new trailing dim of size 1 instead.
         // `torch.prod` takes one dim, so the dims are reduced one at a time.

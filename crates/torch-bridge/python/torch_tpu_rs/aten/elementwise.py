@@ -340,12 +340,12 @@ def frac(self):
     return run("sub", [self, _trunc(self)])
 
 
-@kernel("log2")
+@kernel("log2", complex=True)
 def log2(self):
     return run("mul", [run("log", [self], None, _float(self.dtype)), 1.4426950408889634])
 
 
-@kernel("log10")
+@kernel("log10", complex=True)
 def log10(self):
     return run("mul", [run("log", [self], None, _float(self.dtype)), 0.4342944819032518])
 

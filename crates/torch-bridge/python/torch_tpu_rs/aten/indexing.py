@@ -48,7 +48,7 @@ def gather(self, dim, index, *, sparse_grad=False):
     return run("gather", [self, index], {"dim": dim})
 
 
-@kernel("scatter.src")
+@kernel("scatter.src", complex=True)
 def scatter_src(self, dim, index, src):
     _check_along("scatter", self, dim, index)
     return run("scatter", [self, index, src], {"dim": dim})
@@ -105,13 +105,13 @@ def index_reduce(self, dim, index, source, reduce, *, include_self=True):
     return scatter_reduce(self, dim, spread, source, reduce, include_self=include_self)
 
 
-@kernel("scatter_add")
+@kernel("scatter_add", complex=True)
 def scatter_add(self, dim, index, src):
     _check_along("scatter_add", self, dim, index)
     return run("scatter_add", [self, index, src], {"dim": dim})
 
 
-@kernel("index_add")
+@kernel("index_add", complex=True)
 def index_add(self, dim, index, source, *, alpha=1):
     _check_along("index_add", self, dim, index)
     if alpha != 1:
@@ -158,7 +158,7 @@ def tril(self, diagonal=0):
     return run("tril", [self], {"diagonal": diagonal})
 
 
-@kernel("triu")
+@kernel("triu", complex=True)
 def triu(self, diagonal=0):
     return run("triu", [self], {"diagonal": diagonal})
 
@@ -313,12 +313,12 @@ def row_major_strides(sizes):
 # ---- Host-read ops: the output shape depends on the values. ----
 
 
-@kernel("nonzero")
+@kernel("nonzero", complex=True)
 def nonzero(self):
     return torch.nonzero(_C.to_cpu(self)).to(self.device)
 
 
-@kernel("nonzero_static")
+@kernel("nonzero_static", complex=True)
 def nonzero_static(self, *, size, fill_value=-1):
     """``nonzero``'s first ``size`` rows, padded with ``fill_value``."""
     found = nonzero(self)[:size]
@@ -375,7 +375,7 @@ def unique_consecutive(self, return_inverse=False, return_counts=False, dim=None
     return uniques, inverse.reshape(self.shape), counts
 
 
-@kernel("masked_select")
+@kernel("masked_select", complex=True)
 def masked_select(self, mask):
     return torch.masked_select(_C.to_cpu(self), _C.to_cpu(mask)).to(self.device)
 
@@ -437,7 +437,7 @@ def _adjacent(dims):
     return dims == list(range(dims[0], dims[0] + len(dims)))
 
 
-@kernel("take")
+@kernel("take", complex=True)
 def take(self, positions):
     if positions.dtype != torch.int64:
         raise RuntimeError(f"take(): Expected a long tensor for index, but got {positions.dtype}")
@@ -491,7 +491,7 @@ def index_put(self, indices, values, accumulate=False):
     return out.permute(inverse).contiguous()
 
 
-@raw("put_")
+@raw("put_", complex=True)
 def put_(self, index, source, accumulate=False):
     """``index_put`` on the flattened tensor; negative indices count from
     the end."""

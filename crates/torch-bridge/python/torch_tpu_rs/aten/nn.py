@@ -14,16 +14,28 @@ from .registry import _TYPE_NAMES, above_autograd_while, aten, kernel, raw
 # ---- Matrix products. ----
 
 
-@kernel("mm", "bmm")
+def _resolved(t):
+    """``t``'s values, made real when it is a lazy conjugation (PyTorch
+    hands the products such views as they are)."""
+    return run("conj", [t.conj()]) if t.is_conj() else t
+
+
+@kernel("mm", "bmm", complex=True)
 def mm(self, other):
     if self.dtype != other.dtype:
         raise RuntimeError(f"expected both operands to have the same dtype, but got: {self.dtype} != {other.dtype}")
-    return run("matmul", [self, other], None, torch.result_type(self, other))
+    return run("matmul", [_resolved(self), _resolved(other)], None, torch.result_type(self, other))
 
 
-@kernel("mv", "dot", "vdot")
+@kernel("mv", "dot", complex=True)
 def mv(self, other):
     return mm(self, other)
+
+
+@kernel("vdot", complex=True)
+def vdot(self, other):
+    """``conj(self) . other``."""
+    return mm(run("conj", [_resolved(self)]) if self.is_complex() else self, other)
 
 
 def _scaled(x, factor):

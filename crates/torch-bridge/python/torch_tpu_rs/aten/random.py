@@ -14,16 +14,24 @@ def _no_generator(op, generator):
         )
 
 
-@raw("uniform_")
+@raw("uniform_", complex=True)
 def uniform_(self, from_=0.0, to=1.0, *, generator=None):
     _no_generator("uniform_", generator)
+    if self.is_complex():
+        # Both parts uniform over [from, to), as on the CPU.
+        uniform_(torch.view_as_real(self), from_, to)
+        return self
     _C.fill_random("uniform", self, {"low": float(from_), "high": float(to)})
     return self
 
 
-@raw("normal_")
+@raw("normal_", complex=True)
 def normal_(self, mean=0.0, std=1.0, *, generator=None):
     _no_generator("normal_", generator)
+    if self.is_complex():
+        # Each part normal with half the variance, as on the CPU.
+        normal_(torch.view_as_real(self), mean, std / 2 ** 0.5)
+        return self
     _C.fill_random("normal", self, {"mean": float(mean), "std": float(std)})
     return self
 

@@ -45,12 +45,12 @@ def mean_all(self, *, dtype=None):
     return _reduce("mean", self, None, False, dtype)
 
 
-@kernel("prod.dim_int")
+@kernel("prod.dim_int", complex=True)
 def prod_dim(self, dim, keepdim=False, *, dtype=None):
     return _reduce("prod", self, dim, keepdim, dtype)
 
 
-@kernel("prod.default")
+@kernel("prod.default", complex=True)
 def prod_all(self, *, dtype=None):
     return _reduce("prod", self, None, False, dtype)
 
@@ -106,13 +106,18 @@ def _moment(op):
     def k(self, dim=None, *, correction=None, keepdim=False):
         attrs = {"dims": _dims(dim, self.ndim), "keepdim": keepdim}
         attrs["correction"] = 1.0 if correction is None else float(correction)
+        if self.is_complex():
+            # The variance of complex values is the sum of their parts'.
+            parts = [run(part, [self]) for part in ("real", "imag")]
+            var = run("add", [run("var", [p], attrs) for p in parts])
+            return var if op == "var" else run("sqrt", [var])
         return run(op, [self], attrs)
 
     return k
 
 
-kernel("var.correction")(_moment("var"))
-kernel("std.correction")(_moment("std"))
+kernel("var.correction", complex=True)(_moment("var"))
+kernel("std.correction", complex=True)(_moment("std"))
 
 
 @kernel("logsumexp")

@@ -195,13 +195,14 @@ def kernel(*names, derive=True, complex=False):
     return register
 
 
-def raw(*names):
+def raw(*names, complex=False):
     """Registers ``fn`` for ``names`` exactly as written (in-place ops that
-    are not derived from a functional kernel, creation ops)."""
+    are not derived from a functional kernel, creation ops); ``complex`` as
+    for :func:`kernel`."""
 
     def register(fn):
         for name in names:
-            _register(name, fn, "kernel")
+            _register(name, fn, "kernel", complex)
         return fn
 
     return register
