@@ -283,6 +283,10 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1,
                  const at::Tensor& mat2, const c10::Scalar& beta,
                  const c10::Scalar& alpha) {
   check_mm("addmm", mat1, mat2);
+  if (alpha.isComplex() || beta.isComplex()) {
+    // Complex factors: the product and the sums as separate ops.
+    return at::add(at::mul(self, beta), at::mul(at::mm(mat1, mat2), alpha));
+  }
   const at::Tensor bias = self.resolve_conj();
   return product("addmm", mat1.resolve_conj(), mat2.resolve_conj(), &bias, alpha.toDouble(),
                  beta.toDouble(), {mat1.size(0), mat2.size(1)});
@@ -292,6 +296,9 @@ at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& batch1,
                    const at::Tensor& batch2, const c10::Scalar& beta,
                    const c10::Scalar& alpha) {
   check_bmm("baddbmm", batch1, batch2);
+  if (alpha.isComplex() || beta.isComplex()) {
+    return at::add(at::mul(self, beta), at::mul(at::bmm(batch1, batch2), alpha));
+  }
   const at::Tensor bias = self.resolve_conj();
   return product("baddbmm", batch1.resolve_conj(), batch2.resolve_conj(), &bias, alpha.toDouble(),
                  beta.toDouble(),

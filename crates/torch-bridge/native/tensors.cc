@@ -44,7 +44,9 @@ bool takes_complex(std::string_view op) {
       "eq_.Tensor", "eq_.Scalar", "ne_.Tensor", "ne_.Scalar", "masked_fill.Scalar",
       "masked_fill_.Scalar", "masked_fill.Tensor", "masked_fill_.Tensor", "index_select", "addmm",
       "baddbmm", "rsub.Tensor", "rsub.Scalar", "cumsum", "tril", "triu", "isnan", "isinf",
-      "_local_scalar_dense"};
+      "_local_scalar_dense", "logical_and", "logical_and_", "logical_or", "logical_or_",
+      "logical_xor", "logical_xor_", "logical_not", "all", "all.dim", "all.dims", "any", "any.dim",
+      "any.dims"};
   return ops.count(op) != 0;
 }
 

@@ -65,9 +65,12 @@ fn attr(key: &str, v: &Bound<'_, PyAny>) -> Result<Attr> {
     )))
 }
 
-/// Whether `v` is a Python number (bool, int or float).
+/// Whether `v` is a Python number (bool, int, float or complex).
 pub fn is_number(v: &Bound<'_, PyAny>) -> bool {
-    v.is_instance_of::<PyBool>() || v.is_instance_of::<PyInt>() || v.is_instance_of::<PyFloat>()
+    v.is_instance_of::<PyBool>()
+        || v.is_instance_of::<PyInt>()
+        || v.is_instance_of::<PyFloat>()
+        || v.is_instance_of::<PyComplex>()
 }
 
 /// Where op inputs may come from.

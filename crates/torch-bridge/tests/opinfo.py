@@ -193,15 +193,21 @@ def check_gradients(op, samples):
 
 def _moved(device):
     """Moves a sample's tensors to ``device``: leaves stay leaves with the
-    same requires_grad, and a view stays a view of its moved base, so ops
-    that reach into the storage around it (as_strided with a storage
-    offset) see the same elements."""
+    same requires_grad, and a view stays a view of its moved base (lazily
+    conjugated as it was), so ops that reach into the storage around it
+    (as_strided with a storage offset) see the same elements."""
 
     def move(t):
         if not isinstance(t, torch.Tensor) or t.device.type == device:
             return t
         if t._base is not None and not t.requires_grad:
-            return t._base.detach().to(device).as_strided(t.size(), t.stride(), t.storage_offset())
+            moved = t._base.detach().to(device).as_strided(t.size(), t.stride(), t.storage_offset())
+            # A lazy conjugation (negation) reads its base's values conjugated.
+            if t.is_conj() != moved.is_conj():
+                moved = moved.conj()
+            if t.is_neg() != moved.is_neg():
+                moved = moved._neg_view()
+            return moved
         return t.detach().to(device).requires_grad_(t.requires_grad)
 
     return move

@@ -122,7 +122,14 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         both(ops, name, inplace, &[], f);
     }
     functional(ops, "logical_not", &[], |c| {
-        apply("logical_not", &[c.tensor(0)?])
+        let x = c.tensor(0)?;
+        // A complex number is true where either part is nonzero.
+        let x = if x.dtype().is_complex() {
+            cast(x, DType::Bool)?
+        } else {
+            x
+        };
+        apply("logical_not", &[x])
     });
     for name in ["isnan", "isinf"] {
         functional(ops, name, &[], move |c| {

@@ -517,6 +517,12 @@ impl<'a> Call<'a> {
         Ok(a.number)
     }
 
+    /// Number argument `i` as its real and imaginary parts.
+    pub fn complex_number(&self, i: usize) -> Result<(f64, f64)> {
+        let a = self.arg_of(i, ffi::ArgKind::Number, "a number")?;
+        Ok((a.number, a.imag))
+    }
+
     /// Integer (or bool) argument `i`.
     pub fn int(&self, i: usize) -> Result<i64> {
         let a = self.arg(i)?;

@@ -35,6 +35,10 @@ pub fn register(ops: &mut Vec<NativeOp>) {
                 }
                 x = cast(x, d)?;
             }
+            if matches!(core, "all" | "any") && x.dtype().is_complex() {
+                // A complex number is true where either part is nonzero.
+                x = cast(x, DType::Bool)?;
+            }
             let listed = dims.map(|i| c.dims(i)).transpose()?.flatten();
             let keep = keepdim.map_or(Ok(false), |i| c.flag_or(i, false))?;
             Ok(Done::one(reduce(core, x, listed, keep)?))

@@ -4,7 +4,7 @@
 use tpu_core::op::Attrs;
 use tpu_core::policy::EagerMode;
 
-use super::{Call, Done, NativeOp, Value, apply_with, error, op, read, view};
+use super::{Call, Done, NativeOp, Value, apply, apply_with, error, op, read, view};
 use crate::error::{BridgeError, Result};
 use crate::kernels::cast;
 use crate::native::ffi;
@@ -82,7 +82,21 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     }
     ops.push(op("constant_pad_nd", &[], |c| {
         let pad = c.ints(1)?.unwrap_or(&[]);
-        let value = if c.has(2) { c.number(2)? } else { 0.0 };
+        let (value, imag) = if c.has(2) {
+            c.complex_number(2)?
+        } else {
+            (0.0, 0.0)
+        };
+        if imag != 0.0 {
+            // A complex fill: each part padded with its own value.
+            let x = c.tensor(0)?;
+            let part = |name: &str, fill: f64| -> Result<tpu_core::Tensor> {
+                let attrs = Attrs::new().with("pad", pad.to_vec()).with("value", fill);
+                apply_with("pad", &[apply(name, std::slice::from_ref(&x))?], attrs)
+            };
+            let joined = apply("complex", &[part("real", value)?, part("imag", imag)?])?;
+            return Ok(Done::one(cast(joined, x.dtype())?));
+        }
         if let Some(out) = crate::buckets::padded_pad(&view(c.tensor_ref(0)?)?, pad, value)? {
             return Ok(Done::one(out));
         }

@@ -525,6 +525,11 @@ impl Builder {
         if x.dtype() == dtype {
             return x.clone();
         }
+        if x.dtype().is_complex() && dtype == DType::Bool {
+            // Truth is `!= 0`: either part nonzero.
+            let zero = self.constant(x.dtype(), x.shape().clone(), 0.0);
+            return self.compare(Compare::Ne, x, &zero);
+        }
         if x.dtype().is_complex() && !dtype.is_complex() {
             // `convert` defines no complex-to-real conversion; PyTorch's
             // cast keeps the real part.

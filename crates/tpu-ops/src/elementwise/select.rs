@@ -225,10 +225,32 @@ fn cast_sample(g: &mut Gen) -> Sample {
     };
     let x = if from.is_float() && !to.is_float() && to != DType::Bool {
         map_same(&x, |v| v.abs(), |v| v)
+    } else if from.is_complex() && to == DType::Bool {
+        imaginary_or_zero(&x)
     } else {
         x
     };
     Sample::new(vec![x], Attrs::new().with("dtype", to))
+}
+
+/// Zeros and purely imaginary values (from `x`'s): the truth of a complex
+/// number takes both parts.
+#[cfg(feature = "conformance")]
+fn imaginary_or_zero(x: &HostTensor) -> HostTensor {
+    let z = x
+        .to_complex()
+        .mapv(|z| tpu_core::Complex::new(0.0, if z.re < 48.0 { 0.0 } else { z.im }));
+    HostTensor::complex(x.dtype(), z)
+}
+
+/// Complex values cast to bool.
+#[cfg(feature = "conformance")]
+fn complex_truth_sample(seed: u64) -> Sample {
+    let x = Gen::new(seed).tensor_in(DType::C64, &tpu_core::Shape::new(vec![9]), 0.0, 100.0);
+    Sample::new(
+        vec![imaginary_or_zero(&x)],
+        Attrs::new().with("dtype", DType::Bool),
+    )
 }
 
 inventory::submit! {
@@ -252,7 +274,7 @@ inventory::submit! {
             }
             Ok(vec![Some(t.cast(a.grads[0], from)?)])
         }),
-        samples: || (0..12).map(|i| cast_sample(&mut Gen::new(i))).collect(),
+        samples: || (0..12).map(|i| cast_sample(&mut Gen::new(i))).chain([complex_truth_sample(1), complex_truth_sample(2)]).collect(),
         arbitrary: cast_sample,
         torch: Torch::Expr(r#"x[0].to(a["dtype"])"#),
     }

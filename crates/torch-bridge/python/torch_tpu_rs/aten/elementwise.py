@@ -187,7 +187,7 @@ def pow_tensor_scalar(self, exponent):
     return run("pow", [self, exponent], None, dtype)
 
 
-@kernel("pow.Scalar")
+@kernel("pow.Scalar", complex=True)
 def pow_scalar(self, exponent):
     return run("pow", [self, exponent], None, torch.result_type(self, exponent))
 
@@ -350,7 +350,7 @@ def log10(self):
     return run("mul", [run("log", [self], None, _float(self.dtype)), 0.4342944819032518])
 
 
-@kernel("exp2")
+@kernel("exp2", complex=True)
 def exp2(self):
     return run("exp", [run("mul", [self, 0.6931471805599453], None, _float(self.dtype))])
 

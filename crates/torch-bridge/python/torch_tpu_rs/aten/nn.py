@@ -42,20 +42,20 @@ def _scaled(x, factor):
     return x if factor == 1 else run("mul", [x, factor], None, x.dtype)
 
 
-@kernel("addmm", "baddbmm", "addmv")
+@kernel("addmm", "baddbmm", "addmv", complex=True)
 def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     product = _scaled(mm(mat1, mat2), alpha)
     if beta == 0:
         return product
-    return run("add", [_scaled(self, beta), product], None, product.dtype)
+    return run("add", [_scaled(_resolved(self), beta), product], None, product.dtype)
 
 
-@kernel("addbmm")
+@kernel("addbmm", complex=True)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
     product = _scaled(run("sum", [mm(batch1, batch2)], {"dims": [0]}), alpha)
     if beta == 0:
         return product
-    return run("add", [_scaled(self, beta), product], None, product.dtype)
+    return run("add", [_scaled(_resolved(self), beta), product], None, product.dtype)
 
 
 @kernel("_cdist_forward")
