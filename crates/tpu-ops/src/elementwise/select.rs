@@ -35,47 +35,32 @@ fn lower_where(b: &mut Builder, x: &[Value]) -> OpResult<Vec<Value>> {
     Ok(vec![b.select(&c, &t, &f)])
 }
 
+/// `t` where `c` is nonzero, else `f`, all broadcast to `shape`.
+fn pick<T: Copy>(
+    c: &ndarray::ArrayD<i64>,
+    t: &ndarray::ArrayD<T>,
+    f: &ndarray::ArrayD<T>,
+    shape: &[usize],
+) -> OpResult<ndarray::ArrayD<T>> {
+    let (t, f) = (broadcast_array(t, shape)?, broadcast_array(f, shape)?);
+    Ok(Zip::from(c)
+        .and(&t)
+        .and(&f)
+        .map_collect(|&c, &t, &f| if c != 0 { t } else { f }))
+}
+
 fn where_ref(x: &[HostTensor]) -> OpResult<Vec<HostTensor>> {
     let shape = broadcast_all([&x[0].shape(), &x[1].shape(), &x[2].shape()])?;
     let dtype = promote(&x[1].ty(), &x[2].ty());
     let c = broadcast_array(&x[0].to_i64(), shape.dims())?;
     let (t, f) = (x[1].cast(dtype), x[2].cast(dtype));
+    let dims = shape.dims();
     Ok(vec![if dtype.is_complex() {
-        let (t, f) = (
-            broadcast_array(&t.to_complex(), shape.dims())?,
-            broadcast_array(&f.to_complex(), shape.dims())?,
-        );
-        HostTensor::complex(
-            dtype,
-            Zip::from(&c)
-                .and(&t)
-                .and(&f)
-                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
-        )
+        HostTensor::complex(dtype, pick(&c, &t.to_complex(), &f.to_complex(), dims)?)
     } else if dtype.is_float() {
-        let (t, f) = (
-            broadcast_array(&t.to_f64(), shape.dims())?,
-            broadcast_array(&f.to_f64(), shape.dims())?,
-        );
-        HostTensor::float(
-            dtype,
-            Zip::from(&c)
-                .and(&t)
-                .and(&f)
-                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
-        )
+        HostTensor::float(dtype, pick(&c, &t.to_f64(), &f.to_f64(), dims)?)
     } else {
-        let (t, f) = (
-            broadcast_array(&t.to_i64(), shape.dims())?,
-            broadcast_array(&f.to_i64(), shape.dims())?,
-        );
-        HostTensor::int(
-            dtype,
-            Zip::from(&c)
-                .and(&t)
-                .and(&f)
-                .map_collect(|&c, &t, &f| if c != 0 { t } else { f }),
-        )
+        HostTensor::int(dtype, pick(&c, &t.to_i64(), &f.to_i64(), dims)?)
     }])
 }
 

@@ -61,19 +61,40 @@ float_op!("acos",
     range: (-0.95, 0.95), tolerance: transcendental,
     torch: "torch.acos(x[0])");
 
+/// `atan(x)`. Real: as atan2(x, 1), with the 1 computed as (x == x) rather
+/// than a constant: the XLA CPU plugin gets chlo.atan and atan2 of a
+/// constant 1 wrong for |x| > 1 (it returns x or ±π/2), and NaN stays NaN
+/// this way. Complex: `(i/2) (log(1 - iz) - log(1 + iz))`.
+fn lower_atan(b: &mut Builder, x: &Value) -> Value {
+    let x = b.convert(x, to_float(x.dtype()));
+    if x.dtype().is_complex() {
+        let part = x.dtype().real_part();
+        let zero = b.constant(part, x.dims(), 0.0);
+        let one = b.constant(part, x.dims(), 1.0);
+        let half = b.constant(part, x.dims(), 0.5);
+        let i = b.complex(&zero, &one);
+        let half_i = b.complex(&zero, &half);
+        let one = b.complex(&one, &zero);
+        let iz = b.binary("stablehlo.multiply", &i, &x);
+        let below = b.binary("stablehlo.subtract", &one, &iz);
+        let above = b.binary("stablehlo.add", &one, &iz);
+        let below = b.unary("stablehlo.log", &below);
+        let above = b.unary("stablehlo.log", &above);
+        let diff = b.binary("stablehlo.subtract", &below, &above);
+        return b.binary("stablehlo.multiply", &half_i, &diff);
+    }
+    let finite_or_inf = b.compare(Compare::Eq, &x, &x);
+    let one = b.convert(&finite_or_inf, x.dtype());
+    b.binary("stablehlo.atan2", &x, &one)
+}
+
 float_op!("atan",
-    // As atan2(x, 1), with the 1 computed as (x == x) rather than a
-    // constant: the XLA CPU plugin gets chlo.atan and atan2 of a constant 1
-    // wrong for |x| > 1 (it returns x or ±π/2), and NaN stays NaN this way.
-    lower: |b: &mut Builder, x: &Value| {
-        let x = b.convert(x, to_float(x.dtype()));
-        let finite_or_inf = b.compare(Compare::Eq, &x, &x);
-        let one = b.convert(&finite_or_inf, x.dtype());
-        b.binary("stablehlo.atan2", &x, &one)
-    },
+    lower: lower_atan,
     reference: f64::atan,
+    complex: |z: C64| z.atan(),
     vjp: |t, a| {
         let d = one_plus(t, a.inputs[0], 1.0, 1.0)?;
+        let d = t.conj(d)?;
         Ok(vec![Some(t.div(a.grads[0], d)?)])
     },
     range: (-4.0, 4.0), tolerance: transcendental,

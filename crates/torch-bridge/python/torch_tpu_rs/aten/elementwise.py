@@ -291,10 +291,10 @@ for _name in ("floor", "ceil", "round"):
 for _name in (
     "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid",
     "reciprocal", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "asinh",
-    "acosh", "atanh",
+    "acosh", "atanh", "atan",
 ):
     kernel(_name, complex=True)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
-for _name in ("silu", "erf", "atan", "erfc", "erfinv", "lgamma", "digamma"):
+for _name in ("silu", "erf", "erfc", "erfinv", "lgamma", "digamma"):
     kernel(_name)(lambda self, _op=_name: run(_op, [self], None, _float(self.dtype)))
 
 # torch.special's Bessel and Gaussian tail functions: aten name -> device op.

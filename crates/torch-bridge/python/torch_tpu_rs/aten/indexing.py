@@ -504,10 +504,13 @@ def put_(self, index, source, accumulate=False):
     return self
 
 
-@raw("masked_scatter_")
+@raw("masked_scatter_", complex=True)
 def masked_scatter_(self, mask, source):
     """The masked positions, in order, take ``source``'s leading elements:
     the i-th True reads ``source.flatten()[i]``, found by a running count."""
+    if source.dtype != self.dtype:
+        raise RuntimeError(f"masked_scatter_: expected self and source to have same dtypes but got {self.dtype} and "
+                           f"{source.dtype}")
     mask = mask.expand(self.shape).reshape(-1)
     count = torch.cumsum(mask.to(torch.int64), 0) - 1
     src = source.reshape(-1)
@@ -522,7 +525,7 @@ def masked_scatter_(self, mask, source):
     return self
 
 
-@raw("_index_put_impl_")
+@raw("_index_put_impl_", complex=True)
 def index_put_impl_(self, indices, values, accumulate=False, unsafe=False):
     _C.copy_into(self, index_put(self, indices, values, accumulate))
     return self
@@ -537,21 +540,21 @@ def _scatter_into_view(self, src, select):
     return out
 
 
-@kernel("slice_scatter")
+@kernel("slice_scatter", complex=True)
 def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
     return _scatter_into_view(self, src, lambda t: torch.ops.aten.slice(t, dim, start, end, step))
 
 
-@kernel("select_scatter")
+@kernel("select_scatter", complex=True)
 def select_scatter(self, src, dim, index):
     return _scatter_into_view(self, src, lambda t: t.select(dim, index))
 
 
-@kernel("diagonal_scatter")
+@kernel("diagonal_scatter", complex=True)
 def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
     return _scatter_into_view(self, src, lambda t: t.diagonal(offset, dim1, dim2))
 
 
-@kernel("as_strided_scatter")
+@kernel("as_strided_scatter", complex=True)
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
     return _scatter_into_view(self, src, lambda t: t.as_strided(size, stride, storage_offset))

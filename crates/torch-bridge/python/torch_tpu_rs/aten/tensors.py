@@ -30,7 +30,7 @@ def _index(device):
     return tpu.current_device() if index is None else index
 
 
-@raw("resize_")
+@raw("resize_", complex=True)
 def resize_(self, size, *, memory_format=None):
     size = list(size)
     if list(self.shape) == size:
