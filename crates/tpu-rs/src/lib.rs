@@ -31,6 +31,7 @@ pub mod nn;
 mod ops;
 pub mod optim;
 mod random;
+mod stft;
 mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
@@ -38,6 +39,7 @@ pub use error::{Error, Result};
 pub use fft::FftNorm;
 pub use functional::Window;
 pub use random::{Generator, manual_seed};
+pub use stft::Stft;
 pub use tensor::Tensor;
 pub use tpu_core::metrics::{Metrics, RecompileReason, metrics};
 pub use tpu_core::op::{Attrs, OpErrorKind};
@@ -53,7 +55,7 @@ pub use tpu_core::{
 
 /// The names most programs need.
 pub mod prelude {
-    pub use crate::{DType, Device, EagerMode, FftNorm, Tensor, no_grad, with_eager_mode};
+    pub use crate::{DType, Device, EagerMode, FftNorm, Stft, Tensor, no_grad, with_eager_mode};
 }
 
 /// Runs `f` under eager mode `mode` on this thread; `f`'s error and the

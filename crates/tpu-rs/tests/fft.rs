@@ -1,14 +1,14 @@
 //! Complex tensors and `torch.fft`'s transforms against PyTorch CPU: every
-//! transform with its `n`, `dim` and `norm`, gradients through them, and a
-//! Llama-style rotary embedding written with `polar` and `view_as_complex`
-//! trained under every eager mode.
+//! transform with its `n`, `dim` and `norm`, gradients through them, `stft`
+//! and `istft`, and a Llama-style rotary embedding written with `polar` and
+//! `view_as_complex` trained under every eager mode.
 
 mod torch;
 
 use tpu_rs::nn::{Init, ParamStore};
 use tpu_rs::optim::{Optimizer, Sgd};
 use tpu_rs::prelude::*;
-use tpu_rs::{Complex, Result};
+use tpu_rs::{Complex, Result, Stft};
 
 const ROWS: usize = 3;
 const COLS: usize = 10;
@@ -287,6 +287,125 @@ fn a_rotary_embedding_trains_as_on_the_cpu_in_every_mode() -> Result<()> {
                 "{mode:?} step {step}: loss {a}, cpu {e}"
             );
         }
+    }
+    Ok(())
+}
+
+/// An audio-like signal: two tones and a chirp, `rows` rows of `n` samples.
+fn audio(rows: usize, n: usize) -> Vec<f64> {
+    (0..rows * n)
+        .map(|i| {
+            let (r, t) = ((i / n) as f64, (i % n) as f64 / 100.0);
+            (7.0 * t + r).sin() + 0.5 * (31.0 * t).cos() + 0.25 * (2.0 * t * t * (r + 1.0)).sin()
+        })
+        .collect()
+}
+
+/// PyTorch's periodic Hann window.
+fn hann(n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|k| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * k as f64 / n as f64).cos())
+        .collect()
+}
+
+fn values_of(json: &serde_json::Value) -> Vec<f64> {
+    json.as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect()
+}
+
+#[test]
+fn stft_istft_and_their_gradients_equal_pytorch() -> Result<()> {
+    let Some(python) = torch::python("torch") else {
+        return Ok(());
+    };
+    let (rows, n) = (2, 400);
+    let device = Device::Tpu(0);
+    let signal = audio(rows, n);
+    let x = Tensor::from_slice(&signal, [rows, n], device)?.with_requires_grad(true);
+    let w64 = Tensor::from_slice(&hann(64), [64], device)?;
+    let w40 = Tensor::from_slice(&hann(40), [40], device)?;
+    let framed = Stft::new(64).hop(16);
+    let spec = x.stft(Some(&w64), &framed)?;
+    let plain = Stft {
+        win_length: 40,
+        center: false,
+        normalized: true,
+        onesided: false,
+        ..Stft::new(50).hop(10)
+    };
+    let full = x.narrow(0, 0, 1)?.squeeze(&[0])?.stft(Some(&w40), &plain)?;
+    let zero_padded = Stft {
+        reflect: false,
+        ..Stft::new(32).hop(8)
+    };
+    let back = spec.istft(Some(&w64), &framed, Some(n))?;
+    let magnitude = x.stft(None, &zero_padded)?.abs()?;
+    let loss = (spec.abs()?.sum_all()? + back.mul(&back)?.sum_all()?)?;
+    let loss = (loss + magnitude.sum_all()?)?;
+    loss.backward()?;
+    let script = format!(
+        "import json, torch\n\
+         x = torch.tensor({signal:?}, dtype=torch.float64).reshape({rows}, {n}).requires_grad_()\n\
+         w64 = torch.hann_window(64, dtype=torch.float64)\n\
+         w40 = torch.hann_window(40, dtype=torch.float64)\n\
+         spec = torch.stft(x, 64, 16, window=w64, return_complex=True)\n\
+         full = torch.stft(x[0], 50, 10, 40, window=w40, center=False, normalized=True, onesided=False, return_complex=True)\n\
+         back = torch.istft(spec, 64, 16, window=w64, length={n})\n\
+         mag = torch.stft(x, 32, 8, pad_mode='constant', return_complex=True).abs()\n\
+         loss = spec.abs().sum() + (back * back).sum() + mag.sum()\n\
+         loss.backward()\n\
+         r = lambda t: torch.view_as_real(t).flatten().tolist() if t.is_complex() else t.flatten().tolist()\n\
+         print(json.dumps([[list(t.shape), r(t.detach())] for t in (spec, full, back, mag, x.grad)]))"
+    );
+    let theirs = torch::run_json(&python, &script);
+    let theirs = theirs.as_array().expect("a list");
+    let grad = x.grad().expect("a gradient");
+    // The gradient of |z| is z / |z|: rounding grows where |z| is small.
+    for (what, ours, theirs, tol) in [
+        ("stft", &spec, &theirs[0], 1e-10),
+        (
+            "stft, one-sided off, normalized, uncentred",
+            &full,
+            &theirs[1],
+            1e-10,
+        ),
+        ("istft", &back, &theirs[2], 1e-10),
+        ("|stft| zero-padded", &magnitude, &theirs[3], 1e-10),
+        ("d loss / d x", &grad, &theirs[4], 1e-8),
+    ] {
+        let shape: Vec<usize> = theirs[0]
+            .as_array()
+            .expect("a shape")
+            .iter()
+            .map(|d| d.as_u64().expect("a dim") as usize)
+            .collect();
+        assert_eq!(ours.dims(), &shape[..], "{what}: shape");
+        assert_close(what, &flat(ours)?, &values_of(&theirs[1]), tol);
+    }
+    // The round trip gives the signal back.
+    assert_close("istft(stft(x))", &back.to_f64_vec()?, &signal, 1e-10);
+    // Bad arguments are errors naming the call.
+    let short = Tensor::from_slice(&[0.5f32; 10], [10], device)?;
+    for err in [
+        x.stft(Some(&w40), &framed).unwrap_err(),
+        short
+            .stft(
+                None,
+                &Stft {
+                    center: false,
+                    ..Stft::new(64)
+                },
+            )
+            .unwrap_err(),
+        short.stft(None, &Stft::new(64)).unwrap_err(),
+        short.istft(None, &framed, None).unwrap_err(),
+        spec.istft(None, &Stft::new(32), None).unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("stft(n_fft="), "{text}");
     }
     Ok(())
 }

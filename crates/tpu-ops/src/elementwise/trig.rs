@@ -8,7 +8,7 @@ use tpu_core::op::{Arity, Flags, OpResult, Tape, Torch, Var};
 use tpu_core::stablehlo::{Builder, Compare, Value};
 
 use super::unary::{
-    C64, chain, float_op, float_or_complex_ref, float_ref, infer_float, lower_float, transcendental,
+    C64, chain, float_op, float_or_complex_ref, infer_float, lower_float, transcendental,
 };
 use crate::support::*;
 
