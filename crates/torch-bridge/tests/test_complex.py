@@ -154,7 +154,7 @@ def test_stft_magnitude_and_istft_equal_the_cpu(mode):
 
 
 MATH = ["exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tan", "tanh",
-        "sigmoid", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh"]
+        "sigmoid", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "sgn"]
 
 
 @pytest.mark.parametrize("name", MATH)
@@ -170,6 +170,14 @@ def test_complex_math_and_its_gradients_equal_the_cpu(mode, name):
     (grad_cpu,) = torch.autograd.grad(out_cpu, z, g)
     (grad_tpu,) = torch.autograd.grad(out_tpu, t, g.to("tpu"))
     assert_close(grad_tpu, grad_cpu, atol=1e-5, rtol=1e-5)
+
+
+def test_the_sign_of_real_numbers_has_zero_gradients_as_on_the_cpu(mode):
+    x = torch.randn(5, requires_grad=True)
+    t = x.detach().to("tpu").requires_grad_()
+    torch.sgn(t).sum().backward()
+    torch.sgn(x).sum().backward()
+    assert_close(t.grad, x.grad)
 
 
 def test_means_and_python_complex_numbers_equal_the_cpu(mode):

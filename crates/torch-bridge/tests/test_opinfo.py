@@ -21,8 +21,8 @@ BARS = {
     "float32 forward": 0.975,
     "bfloat16 forward": 0.94,
     "float32 gradients": 0.965,
-    "complex64 forward": 0.76,
-    "complex64 gradients": 0.77,
+    "complex64 forward": 0.82,
+    "complex64 gradients": 0.81,
 }
 
 

@@ -30,6 +30,13 @@ def _index(device):
     return tpu.current_device() if index is None else index
 
 
+@raw("_efficientzerotensor", complex=True)
+def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """The zeros autograd uses for gradients known to vanish (a plain
+    tensor of zeros here)."""
+    return torch.zeros(size, dtype=dtype if dtype is not None else torch.get_default_dtype(), device=device)
+
+
 @raw("resize_", complex=True)
 def resize_(self, size, *, memory_format=None):
     size = list(size)
