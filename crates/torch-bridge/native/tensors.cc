@@ -46,7 +46,7 @@ bool takes_complex(std::string_view op) {
       "baddbmm", "rsub.Tensor", "rsub.Scalar", "cumsum", "tril", "triu", "isnan", "isinf",
       "_local_scalar_dense", "logical_and", "logical_and_", "logical_or", "logical_or_",
       "logical_xor", "logical_xor_", "logical_not", "all", "all.dim", "all.dims", "any", "any.dim",
-      "any.dims"};
+      "any.dims", "addcmul", "addcmul_", "addcdiv", "addcdiv_"};
   return ops.count(op) != 0;
 }
 

@@ -200,6 +200,7 @@ REDUCTIONS = [
     lambda z: torch.where(z.abs() > 1, z, 1j), lambda z: z == z[0], lambda z: z.flip(0)[[2, 0]],
     lambda z: torch.logical_and(z * (z.real > 0), 1j * (z.imag > 0)), lambda z: (z * (z.real > 0)).any(1),
     lambda z: torch.logical_not(z * (z.imag > 0)), lambda z: torch.atan(z),
+    lambda z: torch.addcmul(z, z[0], z[1], value=0.5 - 1j), lambda z: torch.addcdiv(z, z[0], z[1] + 4, value=2),
 ]
 
 
@@ -226,7 +227,7 @@ def test_complex_scalars_and_random_complex_tensors():
         lambda z: z.sum(dtype=torch.float32),
         lambda z: z < z,
         lambda z: torch.logsumexp(z, 0),
-        lambda z: torch.addcmul(z, z, z),
+        lambda z: torch.lerp(z, z, 0.5),
         lambda z: torch.linalg.qr(z),
         lambda z: torch.linalg.svd(z),
     ],

@@ -93,6 +93,20 @@ fn flat(t: &Tensor) -> Result<Vec<f64>> {
     }
 }
 
+/// A JSON list of numbers.
+fn values_of(json: &serde_json::Value) -> Vec<f64> {
+    json.as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| v.as_f64().expect("a number"))
+        .collect()
+}
+
+/// A JSON shape.
+fn dims_of(json: &serde_json::Value) -> Vec<usize> {
+    values_of(json).iter().map(|&d| d as usize).collect()
+}
+
 fn assert_close(what: &str, ours: &[f64], theirs: &[f64], tol: f64) {
     assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
     for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
@@ -125,24 +139,12 @@ fn transforms_equal_pytorch() -> Result<()> {
     let theirs = torch::run_json(&python, &script);
     for ((expr, ours), theirs) in cases().iter().zip(theirs.as_array().expect("a list")) {
         let y = ours(&x)?;
-        let values: Vec<f64> = theirs[1]
-            .as_array()
-            .expect("values")
-            .iter()
-            .map(|v| v.as_f64().expect("a number"))
-            .collect();
         let mut shape: Vec<usize> = y.dims().to_vec();
         if y.dtype().is_complex() {
             shape.push(2);
         }
-        let their_shape: Vec<usize> = theirs[0]
-            .as_array()
-            .expect("shape")
-            .iter()
-            .map(|d| d.as_u64().expect("a dim") as usize)
-            .collect();
-        assert_eq!(shape, their_shape, "{expr}: shape");
-        assert_close(expr, &flat(&y)?, &values, 1e-5);
+        assert_eq!(shape, dims_of(&theirs[0]), "{expr}: shape");
+        assert_close(expr, &flat(&y)?, &values_of(&theirs[1]), 1e-5);
     }
     Ok(())
 }
@@ -308,14 +310,6 @@ fn hann(n: usize) -> Vec<f64> {
         .collect()
 }
 
-fn values_of(json: &serde_json::Value) -> Vec<f64> {
-    json.as_array()
-        .expect("a list")
-        .iter()
-        .map(|v| v.as_f64().expect("a number"))
-        .collect()
-}
-
 #[test]
 fn stft_istft_and_their_gradients_equal_pytorch() -> Result<()> {
     let Some(python) = torch::python("torch") else {
@@ -376,13 +370,7 @@ fn stft_istft_and_their_gradients_equal_pytorch() -> Result<()> {
         ("|stft| zero-padded", &magnitude, &theirs[3], 1e-10),
         ("d loss / d x", &grad, &theirs[4], 1e-8),
     ] {
-        let shape: Vec<usize> = theirs[0]
-            .as_array()
-            .expect("a shape")
-            .iter()
-            .map(|d| d.as_u64().expect("a dim") as usize)
-            .collect();
-        assert_eq!(ours.dims(), &shape[..], "{what}: shape");
+        assert_eq!(ours.dims(), &dims_of(&theirs[0])[..], "{what}: shape");
         assert_close(what, &flat(ours)?, &values_of(&theirs[1]), tol);
     }
     // The round trip gives the signal back.

@@ -384,10 +384,17 @@ fn pointwise(c: &Call<'_>, op: &str) -> Result<Tensor> {
     let d = c.promoted()?;
     let m = opmath(d);
     let operand = |i: usize| cast(c.operand(i, d)?, m);
-    let value = if c.has(3) { c.number(3)? } else { 1.0 };
+    let (re, im) = if c.has(3) {
+        c.complex_number(3)?
+    } else {
+        (1.0, 0.0)
+    };
     let mut t1 = operand(1)?;
-    if value != 1.0 {
-        t1 = apply("mul", &[c.constant(m, value)?, t1])?;
+    if (re, im) != (1.0, 0.0) {
+        t1 = apply(
+            "mul",
+            &[crate::kernels::number(m, re, im, c.device()?)?, t1],
+        )?;
     }
     let term = apply(op, &[t1, operand(2)?])?;
     cast(apply("add", &[operand(0)?, term])?, d)
@@ -398,7 +405,7 @@ fn addcmul(c: &Call<'_>) -> Result<Tensor> {
 }
 
 fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
-    if !c.dtype(1)?.is_float() && !c.dtype(2)?.is_float() {
+    if !c.dtype(1)?.is_inexact() && !c.dtype(2)?.is_inexact() {
         return Err(error(
             "Integer division with addcdiv is no longer supported, and in a future release \
              addcdiv will perform a true division of tensor1 and tensor2. Use \
