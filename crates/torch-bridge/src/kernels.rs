@@ -161,8 +161,9 @@ pub fn scalar(dtype: DType, value: f64, device: usize) -> Result<Tensor> {
     )?)
 }
 
-/// A rank-0 tensor of `re + i im` in `dtype` on `tpu:device`: a complex
-/// dtype holds both parts; a real one only a number whose `im` is 0.
+/// A rank-0 tensor of `re + i im` in `dtype` on `tpu:device` (shared, as
+/// [`scalar`]'s are): a complex dtype holds both parts; a real one only a
+/// number whose `im` is 0.
 pub fn number(dtype: DType, re: f64, im: f64, device: usize) -> Result<Tensor> {
     if !dtype.is_complex() {
         if im != 0.0 {
@@ -172,8 +173,12 @@ pub fn number(dtype: DType, re: f64, im: f64, device: usize) -> Result<Tensor> {
         }
         return scalar(dtype, re, device);
     }
-    let host = tpu_core::host::HostTensor::complex_scalar(dtype, tpu_core::Complex::new(re, im));
-    Ok(Tensor::from_host(host, Device::Tpu(device))?)
+    let value = tpu_core::Complex::new(re, im);
+    Ok(tpu_core::scalars::complex_scalar(
+        dtype,
+        value,
+        Device::Tpu(device),
+    )?)
 }
 
 /// A tensor of `shape` filled with `value`.

@@ -11,10 +11,11 @@ use std::sync::Mutex;
 
 use crate::error::Result;
 use crate::host::HostTensor;
-use crate::{DType, Device, Tensor};
+use crate::{Complex, DType, Device, Tensor};
 
-/// A scalar's dtype, value bits and device index.
-type Key = (DType, u64, usize);
+/// A scalar's dtype, the bits of its real and imaginary parts, and device
+/// index.
+type Key = (DType, u64, u64, usize);
 
 /// Scalars kept per process: more than one training step uses.
 const CAPACITY: usize = 64;
@@ -30,10 +31,28 @@ static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
 /// A rank-0 tensor of `value` in `dtype` on `device` (on `tpu:N`, shared
 /// with every other request for the same value).
 pub fn scalar(dtype: DType, value: f64, device: Device) -> Result<Tensor> {
+    shared(dtype, Complex::new(value, 0.0), device)
+}
+
+/// A rank-0 tensor of `value` in complex `dtype` on `device`, shared as
+/// [`scalar`]'s are.
+pub fn complex_scalar(dtype: DType, value: Complex<f64>, device: Device) -> Result<Tensor> {
+    shared(dtype, value, device)
+}
+
+fn host(dtype: DType, value: Complex<f64>) -> HostTensor {
+    if dtype.is_complex() {
+        HostTensor::complex_scalar(dtype, value)
+    } else {
+        HostTensor::scalar(dtype, value.re)
+    }
+}
+
+fn shared(dtype: DType, value: Complex<f64>, device: Device) -> Result<Tensor> {
     let Device::Tpu(index) = device else {
-        return Tensor::from_host(HostTensor::scalar(dtype, value), device);
+        return Tensor::from_host(host(dtype, value), device);
     };
-    let key = (dtype, value.to_bits(), index);
+    let key = (dtype, value.re.to_bits(), value.im.to_bits(), index);
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache.get_or_insert_with(Cache::default);
     cache.clock += 1;
@@ -42,7 +61,7 @@ pub fn scalar(dtype: DType, value: f64, device: Device) -> Result<Tensor> {
         *used = now;
         return Ok(t.clone());
     }
-    let t = Tensor::from_host(HostTensor::scalar(dtype, value), device)?;
+    let t = Tensor::from_host(host(dtype, value), device)?;
     if cache.slots.len() >= CAPACITY
         && let Some(oldest) = cache
             .slots

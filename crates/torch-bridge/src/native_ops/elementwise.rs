@@ -7,7 +7,7 @@ use tpu_core::{DType, Tensor};
 
 use super::{Call, Done, NativeOp, apply, apply_with, error, op};
 use crate::error::{BridgeError, Result};
-use crate::kernels::{cast, full, fused};
+use crate::kernels::{cast, full, fused, number};
 
 /// Registers `name`, whose kernel `f` computes a new tensor.
 fn functional(
@@ -391,10 +391,7 @@ fn pointwise(c: &Call<'_>, op: &str) -> Result<Tensor> {
     };
     let mut t1 = operand(1)?;
     if (re, im) != (1.0, 0.0) {
-        t1 = apply(
-            "mul",
-            &[crate::kernels::number(m, re, im, c.device()?)?, t1],
-        )?;
+        t1 = apply("mul", &[number(m, re, im, c.device()?)?, t1])?;
     }
     let term = apply(op, &[t1, operand(2)?])?;
     cast(apply("add", &[operand(0)?, term])?, d)

@@ -18,8 +18,8 @@ use tpu_core::op::{Attrs, OpErrorKind};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
-use crate::kernels::scalar;
 use crate::kernels::{call1, cast};
+use crate::kernels::{number, scalar};
 use crate::layout::Layout;
 use crate::native::ffi;
 use crate::storage::{self, Padded, Storage};
@@ -637,7 +637,7 @@ impl<'a> Call<'a> {
             ffi::ArgKind::Tensor | ffi::ArgKind::HostTensor | ffi::ArgKind::OtherTensor => {
                 cast(self.tensor(i)?, dtype)
             }
-            ffi::ArgKind::Number => crate::kernels::number(dtype, a.number, a.imag, self.device()?),
+            ffi::ArgKind::Number => number(dtype, a.number, a.imag, self.device()?),
             _ => Err(self.expected(i, "a tensor or a number")),
         }
     }

@@ -520,13 +520,15 @@ impl Builder {
         )
     }
 
-    /// `stablehlo.convert` to `dtype` (the identity when already `dtype`).
+    /// `stablehlo.convert` to `dtype` (the identity when already `dtype`),
+    /// with PyTorch's meaning where `convert` differs: bool is `!= 0`.
     pub fn convert(&mut self, x: &Value, dtype: DType) -> Value {
         if x.dtype() == dtype {
             return x.clone();
         }
-        if x.dtype().is_complex() && dtype == DType::Bool {
-            // Truth is `!= 0`: either part nonzero.
+        if dtype == DType::Bool {
+            // `convert` to i1 truncates; truth is `!= 0` (for a complex
+            // number, either part nonzero).
             let zero = self.constant(x.dtype(), x.shape().clone(), 0.0);
             return self.compare(Compare::Ne, x, &zero);
         }

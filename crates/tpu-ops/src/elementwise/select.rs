@@ -8,7 +8,7 @@ use tpu_core::op::{Arity, Attrs, Flags, OpResult, Torch};
 #[cfg(feature = "conformance")]
 use tpu_core::op::{Gen, Sample};
 use tpu_core::op_def;
-use tpu_core::stablehlo::{Builder, Compare, TensorType, Value};
+use tpu_core::stablehlo::{Builder, TensorType, Value};
 
 use super::binary::grad_for;
 use crate::support::*;
@@ -186,15 +186,6 @@ inventory::submit! {
     }
 }
 
-fn lower_cast(b: &mut Builder, x: &Value, to: DType) -> Value {
-    if to == DType::Bool && x.dtype() != DType::Bool {
-        // convert to i1 truncates; PyTorch's bool cast is `!= 0`.
-        let zero = b.constant(x.dtype(), x.dims(), 0.0);
-        return b.compare(Compare::Ne, x, &zero);
-    }
-    b.convert(x, to)
-}
-
 #[cfg(feature = "conformance")]
 fn cast_sample(g: &mut Gen) -> Sample {
     let from = g.pick(ANY);
@@ -248,7 +239,7 @@ inventory::submit! {
             let t = x.first().ok_or("missing input")?;
             Ok(vec![TensorType::new(attrs.dtype("dtype")?, t.shape.clone())])
         },
-        lower: |b, x, attrs| Ok(vec![lower_cast(b, &x[0], attrs.dtype("dtype")?)]),
+        lower: |b, x, attrs| Ok(vec![b.convert(&x[0], attrs.dtype("dtype")?)]),
         reference: |x, attrs| Ok(vec![one(x)?.cast(attrs.dtype("dtype")?)]),
         vjp: Some(|t, a| {
             let from = t.ty(a.inputs[0])?.dtype;
