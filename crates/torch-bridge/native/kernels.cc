@@ -129,10 +129,8 @@ c10::DimVector result_sizes(const char* op, const at::Tensor& self,
   }
 }
 
-// The elementwise ops with native kernels: each is the tpu-rs op of the
-// same name.
-enum class Binary { Add, Sub, Mul, Div };
-
+// The elementwise ops with native kernels (`Binary`, shared with the Rust
+// side): each is the tpu-rs op of the same name.
 constexpr const char* name(Binary op) {
   switch (op) {
     case Binary::Add: return "add";
@@ -166,7 +164,7 @@ at::Tensor functional(const at::Tensor& self, const Other& other,
   const c10::ScalarType dtype = compute_dtype(op, self, other, alpha);
   const auto sizes = result_sizes(name(op), self, other);
   const Operands x = operands(name(op), self, other);
-  const Output out = binary(name(op), x[0], x[1], alpha.toDouble(),
+  const Output out = binary(op, x[0], x[1], alpha.toDouble(),
                             code(dtype, name(op)));
   return wrap(out, dtype, sizes, x.device());
 }
@@ -191,7 +189,7 @@ at::Tensor& in_place(at::Tensor& self, const Other& other,
               " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   at::assert_no_internal_overlap(self);
   const Operands x = operands(n, self, other);
-  check(binary_into(n, x[0], x[1], alpha.toDouble(), code(dtype, n),
+  check(binary_into(op, x[0], x[1], alpha.toDouble(), code(dtype, n),
                     tensor_ref(self, n)));
   return self;
 }

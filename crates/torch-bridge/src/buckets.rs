@@ -228,7 +228,7 @@ impl Plan {
             let part = cast(view.read()?, dtype)?;
             let start = scalar(DType::I64, at as f64, self.device)?;
             let attrs = Attrs::new().with("dim", self.dim);
-            value = call1("dynamic_update_slice", &[value, part, start], &attrs)?;
+            value = call1(op!("dynamic_update_slice"), &[value, part, start], &attrs)?;
             at += n;
         }
         Ok(Padded {
@@ -343,14 +343,18 @@ pub fn padded_pad(view: &View, pad: &[i64], value: f64) -> Result<Option<Tensor>
         .with("shape", line)
         .with("dim", p.dim)
         .with("dtype", DType::I64);
-    let index = call("iota", &[], &attrs, device)?.remove(0);
+    let index = call(op!("iota"), &[], &attrs, device)?.remove(0);
     let held = call1(
-        "lt",
+        op!("lt"),
         &[index, scalar(DType::I64, p.len as f64, device)?],
         &Attrs::new(),
     )?;
     let fill = scalar(p.value.dtype(), value, device)?;
-    Ok(Some(call1("where", &[held, base, fill], &Attrs::new())?))
+    Ok(Some(call1(
+        op!("where"),
+        &[held, base, fill],
+        &Attrs::new(),
+    )?))
 }
 
 /// `value` cut or grown (with `fill`) to `len` along `dim`.
@@ -364,14 +368,14 @@ fn resized(value: Tensor, dim: usize, len: usize, fill: f64) -> Result<Tensor> {
             .with("dim", dim)
             .with("start", 0)
             .with("end", len);
-        return call1("slice", &[value], &attrs);
+        return call1(op!("slice"), &[value], &attrs);
     }
     // `pad` lists (before, after) pairs from the last dim backwards.
     let rank = value.shape().rank();
     let mut pad = vec![0i64; 2 * (rank - dim)];
     pad[2 * (rank - 1 - dim) + 1] = (len - have) as i64;
     let attrs = Attrs::new().with("pad", pad).with("value", fill);
-    call1("pad", &[value], &attrs)
+    call1(op!("pad"), &[value], &attrs)
 }
 
 /// The index of the tpu device holding `value`.

@@ -1,45 +1,30 @@
 //! Thin calls into the tpu-rs dispatcher, with the bridge's execution
 //! policy in force.
 //!
-//! The policy is process-wide here, not per thread: PyTorch runs backward
-//! passes on its own threads, and they must record into the same deferred
-//! graph as the forward pass.
+//! The bridge's policy is the core's process-wide choice, not a per-thread
+//! one: PyTorch runs backward passes on its own threads, and they must
+//! record into the same deferred graph as the forward pass.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
-use tpu_core::op::Attrs;
+use tpu_core::op::{AsOp, Attrs};
 use tpu_core::policy::{self, EagerMode, EagerModeGuard, ExecutionPolicy};
 use tpu_core::{DType, Device, Tensor};
 
 use crate::error::{BridgeError, Result};
 
-static POLICY: Mutex<Option<Arc<dyn ExecutionPolicy>>> = Mutex::new(None);
-
-/// The process's instance of policy `name`: switching modes back and forth
-/// (as each `torch.compile`d graph does) keeps each policy's executables.
-fn instance(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
-    static INSTANCES: Mutex<Vec<Arc<dyn ExecutionPolicy>>> = Mutex::new(Vec::new());
-    tpu_eager::link();
-    let name = policy::registered_name(name)?;
-    let mut instances = INSTANCES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = instances.iter().find(|p| p.name() == name) {
-        return Ok(p.clone());
-    }
-    let created = policy::new_policy(name)?;
-    instances.push(created.clone());
-    Ok(created)
-}
-
 /// The policy in force (chosen by the environment on first use).
 pub fn current() -> Result<Arc<dyn ExecutionPolicy>> {
-    let mut slot = POLICY.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = slot.as_ref() {
-        return Ok(p.clone());
+    static CHOSEN: OnceLock<tpu_core::Result<()>> = OnceLock::new();
+    if let Some(policy) = policy::process_policy() {
+        return Ok(policy);
     }
-    let policy = instance(name_from_env()?)?;
-    *slot = Some(policy.clone());
-    Ok(policy)
+    tpu_eager::link();
+    CHOSEN
+        .get_or_init(|| policy::set_process_policy(policy::shared_policy(name_from_env()?)?))
+        .clone()?;
+    policy::process_policy().ok_or_else(|| BridgeError::internal("no eager mode was chosen"))
 }
 
 /// The policy backward rules run under: the one in force, except that
@@ -50,19 +35,19 @@ pub fn vjp_policy() -> Result<Arc<dyn ExecutionPolicy>> {
     if policy.name() != EagerMode::Strict.name() {
         return Ok(policy);
     }
-    instance(EagerMode::DeferAndFuse.name())
+    Ok(policy::shared_policy(EagerMode::DeferAndFuse.name())?)
 }
 
 /// The policy TorchTPU users select by environment: `TORCH_TPU_LAUNCH_BLOCKING=1`
 /// is Debug, `TORCH_TPU_DEFER_AND_FUSE=1` is DeferAndFuse, else `TPU_RS_EAGER`.
-fn name_from_env() -> Result<&'static str> {
+fn name_from_env() -> tpu_core::Result<&'static str> {
     let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
     if on("TORCH_TPU_LAUNCH_BLOCKING") {
         Ok(EagerMode::Debug.name())
     } else if on("TORCH_TPU_DEFER_AND_FUSE") {
         Ok(EagerMode::DeferAndFuse.name())
     } else {
-        Ok(policy::policy_name_from_env()?)
+        policy::policy_name_from_env()
     }
 }
 
@@ -73,13 +58,9 @@ pub fn policy_name() -> Result<&'static str> {
 
 /// Switches policy: pending work of the old one runs first.
 pub fn set_policy(name: &str) -> Result<()> {
-    let old = current()?;
-    if old.name() == policy::registered_name(name)? {
-        return Ok(());
-    }
-    old.flush(tpu_core::metrics::CutReason::Sync)?;
-    *POLICY.lock().unwrap_or_else(|e| e.into_inner()) = Some(instance(name)?);
-    Ok(())
+    current()?;
+    tpu_eager::link();
+    Ok(policy::set_process_policy(policy::shared_policy(name)?)?)
 }
 
 /// Starts everything pending, without waiting for it (or for the
@@ -124,8 +105,15 @@ pub fn fused<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
     result
 }
 
-/// Calls op `name` under the bridge's policy.
-pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Result<Vec<Tensor>> {
+/// Calls `op` (an interned name, `op!("add")`, or an id) under the
+/// bridge's policy.
+pub fn call<O: AsOp + ?Sized>(
+    op: &O,
+    inputs: &[Tensor],
+    attrs: &Attrs,
+    device: usize,
+) -> Result<Vec<Tensor>> {
+    let id = op.op_id()?;
     let policy = if FUSING.get() {
         vjp_policy()?
     } else {
@@ -133,22 +121,26 @@ pub fn call(name: &str, inputs: &[Tensor], attrs: &Attrs, device: usize) -> Resu
     };
     let _scope = EagerModeGuard::with_policy(policy);
     let outputs = crate::profile::from_python(|| {
-        policy::call(name, inputs, attrs, Some(Device::Tpu(device)))
+        policy::call_op(&id, inputs, attrs, Some(Device::Tpu(device)))
     })?;
-    crate::recording::note_call(name, inputs, attrs, device, &outputs);
+    crate::recording::note_call(id, inputs, attrs, device, &outputs);
     Ok(outputs)
 }
 
 /// [`call`] of an op with one output, on its inputs' device.
-pub fn call1(name: &str, inputs: &[Tensor], attrs: &Attrs) -> Result<Tensor> {
+pub fn call1<O: AsOp + ?Sized>(op: &O, inputs: &[Tensor], attrs: &Attrs) -> Result<Tensor> {
     let device = match inputs.first().map(Tensor::device) {
         Some(Device::Tpu(d)) => d,
         _ => 0,
     };
-    call(name, inputs, attrs, device)?
+    let id = op.op_id()?;
+    call(&id, inputs, attrs, device)?
         .into_iter()
         .next()
-        .ok_or_else(|| BridgeError::internal(format!("`{name}` returned nothing")))
+        .ok_or_else(|| {
+            let name = tpu_core::op::registry().map_or("?", |r| r.op(id).name);
+            BridgeError::internal(format!("`{name}` returned nothing"))
+        })
 }
 
 /// A 0-dim tensor of `value` in `dtype` on `device` (device-resident and
@@ -187,7 +179,7 @@ pub fn full(dtype: DType, shape: &[usize], value: f64, device: usize) -> Result<
         .with("shape", shape)
         .with("dtype", dtype)
         .with("value", value);
-    call("full", &[], &attrs, device)?
+    call(op!("full"), &[], &attrs, device)?
         .into_iter()
         .next()
         .ok_or_else(|| BridgeError::internal("`full` returned nothing"))
@@ -198,7 +190,7 @@ pub fn cast(x: Tensor, dtype: DType) -> Result<Tensor> {
     if x.dtype() == dtype {
         return Ok(x);
     }
-    call1("cast", &[x], &Attrs::new().with("dtype", dtype))
+    call1(op!("cast"), &[x], &Attrs::new().with("dtype", dtype))
 }
 
 /// `x` broadcast to `shape` (itself when it already has it).
@@ -206,5 +198,9 @@ pub fn broadcast(x: Tensor, shape: &[usize]) -> Result<Tensor> {
     if x.shape().dims() == shape {
         return Ok(x);
     }
-    call1("broadcast_to", &[x], &Attrs::new().with("shape", shape))
+    call1(
+        op!("broadcast_to"),
+        &[x],
+        &Attrs::new().with("shape", shape),
+    )
 }

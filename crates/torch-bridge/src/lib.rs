@@ -15,6 +15,10 @@
 //! `native*`, `device`, `dist`).
 #![warn(missing_docs)]
 
+// `op!`: ops named in code are interned once per call site.
+#[macro_use]
+extern crate tpu_core;
+
 mod address;
 mod allocator;
 mod args;

@@ -49,6 +49,14 @@ pub(crate) mod ffi {
         tensor: TensorRef<'a>,
     }
 
+    /// The elementwise binary ops with native C++ kernels.
+    enum Binary {
+        Add,
+        Sub,
+        Mul,
+        Div,
+    }
+
     /// What kind of error a native kernel raises: PyTorch's class for it.
     enum Failure {
         None,
@@ -204,11 +212,11 @@ pub(crate) mod ffi {
         ) -> Outcome;
 
         #[cxx_name = "binary"]
-        fn native_binary(op: &str, a: &Operand, b: &Operand, alpha: f64, dtype: Dtype) -> Output;
+        fn native_binary(op: Binary, a: &Operand, b: &Operand, alpha: f64, dtype: Dtype) -> Output;
 
         #[cxx_name = "binary_into"]
         fn native_binary_into(
-            op: &str,
+            op: Binary,
             a: &Operand,
             b: &Operand,
             alpha: f64,
@@ -326,7 +334,7 @@ fn memory_info(device: i8) -> ffi::MemoryInfo {
 }
 
 fn native_binary(
-    op: &str,
+    op: ffi::Binary,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,
@@ -336,7 +344,7 @@ fn native_binary(
 }
 
 fn native_binary_into(
-    op: &str,
+    op: ffi::Binary,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,

@@ -38,7 +38,7 @@ fn scaled(x: Tensor, factor: f64, dtype: DType, device: usize) -> Result<Tensor>
         return Ok(x);
     }
     let factor = scalar(dtype, factor, device)?;
-    call1("mul", &[x, factor], &Attrs::new())
+    call1(op!("mul"), &[x, factor], &Attrs::new())
 }
 
 /// A result as the storage a new C++ tensor owns.
@@ -70,7 +70,7 @@ pub fn output(result: Result<Option<Arc<Storage>>>) -> ffi::Output {
 /// `a <op> (alpha * b)` computed in `dtype` (elementwise, broadcasting);
 /// `alpha` is applied when it is not 1 (add and sub).
 fn compute(
-    op: &str,
+    op: ffi::Binary,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,
@@ -79,12 +79,19 @@ fn compute(
     let device = device_of(&[a, b])?;
     let x = operand(a, dtype, device)?;
     let y = scaled(operand(b, dtype, device)?, alpha, dtype, device)?;
+    let op = match op {
+        ffi::Binary::Add => op!("add"),
+        ffi::Binary::Sub => op!("sub"),
+        ffi::Binary::Mul => op!("mul"),
+        ffi::Binary::Div => op!("div"),
+        _ => return Err(BridgeError::internal("an unknown binary op code")),
+    };
     call1(op, &[x, y], &Attrs::new())
 }
 
 /// [`compute`] as a new tensor's storage.
 pub fn binary(
-    op: &str,
+    op: ffi::Binary,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,
@@ -96,7 +103,7 @@ pub fn binary(
 /// [`compute`] written through the tpu tensor `out` (cast to its dtype,
 /// broadcast to its shape): the in-place forms.
 pub fn binary_into(
-    op: &str,
+    op: ffi::Binary,
     a: &ffi::Operand<'_>,
     b: &ffi::Operand<'_>,
     alpha: f64,
@@ -122,12 +129,12 @@ pub fn matmul(
     let device = device_of(&[a, b])?;
     let x = operand(a, dtype, device)?;
     let y = operand(b, dtype, device)?;
-    let product = call1("matmul", &[x, y], &Attrs::new())?;
+    let product = call1(op!("matmul"), &[x, y], &Attrs::new())?;
     let product = scaled(product, alpha, dtype, device)?;
     let value = match bias {
         Some(bias) if beta != 0.0 => {
             let bias = scaled(operand(bias, dtype, device)?, beta, dtype, device)?;
-            call1("add", &[bias, product], &Attrs::new())?
+            call1(op!("add"), &[bias, product], &Attrs::new())?
         }
         _ => product,
     };

@@ -101,15 +101,15 @@ fn while_recording() -> Option<std::sync::MutexGuard<'static, Option<Recording>>
 }
 
 /// Notes op call `op` on `inputs` giving `outputs`, while recording.
-pub fn note_call(op: &str, inputs: &[Tensor], attrs: &Attrs, device: usize, outputs: &[Tensor]) {
+pub fn note_call(id: OpId, inputs: &[Tensor], attrs: &Attrs, device: usize, outputs: &[Tensor]) {
     let Some(mut slot) = while_recording() else {
         return;
     };
     let Some(rec) = Recording::here(&mut slot).filter(|r| r.broken.is_none()) else {
         return;
     };
-    let Ok((id, def)) = registry().and_then(|r| r.id(op).map(|id| (id, r.op(id)))) else {
-        rec.broken = Some(format!("`{op}` is not a registered op"));
+    let Ok(def) = registry().map(|r| r.op(id)) else {
+        rec.broken = Some("the op registry failed to build".into());
         return;
     };
     let sources = inputs.iter().map(|t| rec.source(t)).collect();

@@ -141,7 +141,7 @@ impl Replay {
     /// kernels' path (with inference, and noted in a recording under way).
     fn run_each(&self, values: &[Tensor]) -> Result<Vec<Tensor>> {
         self.block
-            .run_with(values, |c, xs| call(c.op.name, xs, &c.attrs, self.device))
+            .run_with(values, |c, xs| call(&c.id, xs, &c.attrs, self.device))
     }
 }
 

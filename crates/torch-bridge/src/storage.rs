@@ -86,7 +86,7 @@ impl Padded {
             .with("dim", self.dim)
             .with("start", 0)
             .with("end", self.len);
-        call1("slice", std::slice::from_ref(&self.value), &attrs)
+        call1(op!("slice"), std::slice::from_ref(&self.value), &attrs)
     }
 
     /// The window of the held elements that `layout` views, read with a
@@ -106,19 +106,19 @@ impl Padded {
         };
         let at = crate::kernels::scalar(DType::I64, start as f64, device)?;
         let attrs = Attrs::new().with("dim", self.dim).with("length", len);
-        let mut x = call1("dynamic_slice", &[self.value.clone(), at], &attrs)?;
+        let mut x = call1(op!("dynamic_slice"), &[self.value.clone(), at], &attrs)?;
         for (dim, &(start, len)) in window.iter().enumerate() {
             if dim != self.dim && len != shape[dim] {
                 let attrs = Attrs::new()
                     .with("dim", dim)
                     .with("start", start)
                     .with("end", start + len);
-                x = call1("slice", &[x], &attrs)?;
+                x = call1(op!("slice"), &[x], &attrs)?;
             }
         }
         if x.shape().dims() != layout.size.as_slice() {
             x = call1(
-                "reshape",
+                op!("reshape"),
                 &[x],
                 &Attrs::new().with("shape", layout.size.as_slice()),
             )?;
@@ -347,7 +347,7 @@ pub fn resize(address: u64, nbytes: usize) -> Result<()> {
         Some(_) if numel == 0 => None,
         Some(old) => {
             let flat = call1(
-                "reshape",
+                op!("reshape"),
                 &[old],
                 &Attrs::new().with("shape", vec![slot.numel]),
             )?;
@@ -356,11 +356,11 @@ pub fn resize(address: u64, nbytes: usize) -> Result<()> {
                     .with("dim", 0)
                     .with("start", 0)
                     .with("end", numel);
-                call1("slice", &[flat], &attrs)?
+                call1(op!("slice"), &[flat], &attrs)?
             } else {
                 let pad = vec![0i64, (numel - slot.numel) as i64];
                 call1(
-                    "pad",
+                    op!("pad"),
                     &[flat],
                     &Attrs::new().with("pad", pad).with("value", 0.0),
                 )?
@@ -398,12 +398,12 @@ pub fn read(storage: &Storage, layout: &Layout) -> Result<Tensor> {
             return Ok(value);
         }
         let attrs = Attrs::new().with("shape", layout.size.as_slice());
-        return call1("reshape", &[value], &attrs);
+        return call1(op!("reshape"), &[value], &attrs);
     }
     if layout.offset > 0 {
         return read_window(value, layout);
     }
-    call1("as_strided", &[value], &layout.attrs())
+    call1(op!("as_strided"), &[value], &layout.attrs())
 }
 
 /// A view at a nonzero offset, read from the window of the storage that
@@ -412,20 +412,20 @@ pub fn read(storage: &Storage, layout: &Layout) -> Result<Tensor> {
 /// slice of a split or a concatenation's backward (hundreds in a DenseNet).
 fn read_window(value: Tensor, layout: &Layout) -> Result<Tensor> {
     let Device::Tpu(device) = value.device() else {
-        return call1("as_strided", &[value], &layout.attrs());
+        return call1(op!("as_strided"), &[value], &layout.attrs());
     };
     let at_start = Layout {
         offset: 0,
         ..layout.clone()
     };
     let flat = Attrs::new().with("shape", vec![value.shape().numel()]);
-    let flat = call1("reshape", &[value], &flat)?;
+    let flat = call1(op!("reshape"), &[value], &flat)?;
     let start = tpu_core::scalars::scalar(DType::I64, layout.offset as f64, Device::Tpu(device))?;
     let window = Attrs::new()
         .with("dim", 0i64)
         .with("length", at_start.extent());
-    let window = call1("dynamic_slice", &[flat, start], &window)?;
-    call1("as_strided", &[window], &at_start.attrs())
+    let window = call1(op!("dynamic_slice"), &[flat, start], &window)?;
+    call1(op!("as_strided"), &[window], &at_start.attrs())
 }
 
 /// The value of view `layout` of `storage` read as `dtype`: the storage's
@@ -441,7 +441,7 @@ pub fn read_as(storage: &Storage, layout: &Layout, dtype: DType) -> Result<Tenso
     if layout.numel() == 0 {
         return full(dtype, &layout.size, 0.0, storage.device);
     }
-    call1("as_strided", &[flat], &layout.attrs())
+    call1(op!("as_strided"), &[flat], &layout.attrs())
 }
 
 /// [`write`] through a view read as `dtype` ([`read_as`]).
@@ -453,7 +453,7 @@ pub fn write_as(storage: &Storage, layout: &Layout, dtype: DType, src: Tensor) -
     if layout.numel() == 0 {
         return Ok(());
     }
-    let written = call1("as_strided_scatter", &[flat, src], &layout.attrs())?;
+    let written = call1(op!("as_strided_scatter"), &[flat, src], &layout.attrs())?;
     let held = if dtype.is_complex() {
         parts_of(written)?
     } else {
@@ -461,7 +461,7 @@ pub fn write_as(storage: &Storage, layout: &Layout, dtype: DType, src: Tensor) -
     };
     let shape = storage.value()?.shape().dims().to_vec();
     storage.set(call1(
-        "reshape",
+        op!("reshape"),
         &[held],
         &Attrs::new().with("shape", shape),
     )?)
@@ -483,7 +483,7 @@ fn reinterpreted(storage: &Storage, dtype: DType) -> Result<Tensor> {
     }
     let value = storage.value()?;
     let value = call1(
-        "reshape",
+        op!("reshape"),
         &[value],
         &Attrs::new().with("shape", vec![storage.numel()]),
     )?;
@@ -497,12 +497,12 @@ fn reinterpreted(storage: &Storage, dtype: DType) -> Result<Tensor> {
 /// Complex values as a flat run of their (real, imaginary) parts.
 fn parts_of(z: Tensor) -> Result<Tensor> {
     let n = z.shape().numel();
-    let z = call1("reshape", &[z], &Attrs::new().with("shape", vec![n]))?;
-    let re = call1("real", std::slice::from_ref(&z), &Attrs::new())?;
-    let im = call1("imag", &[z], &Attrs::new())?;
-    let pairs = call1("stack", &[re, im], &Attrs::new().with("dim", 1i64))?;
+    let z = call1(op!("reshape"), &[z], &Attrs::new().with("shape", vec![n]))?;
+    let re = call1(op!("real"), std::slice::from_ref(&z), &Attrs::new())?;
+    let im = call1(op!("imag"), &[z], &Attrs::new())?;
+    let pairs = call1(op!("stack"), &[re, im], &Attrs::new().with("dim", 1i64))?;
     call1(
-        "reshape",
+        op!("reshape"),
         &[pairs],
         &Attrs::new().with("shape", vec![2 * n]),
     )
@@ -511,12 +511,16 @@ fn parts_of(z: Tensor) -> Result<Tensor> {
 /// A flat run of (real, imaginary) parts as complex values.
 fn complex_of(parts: Tensor) -> Result<Tensor> {
     let n = parts.shape().numel() / 2;
-    let pairs = call1("reshape", &[parts], &Attrs::new().with("shape", vec![n, 2]))?;
+    let pairs = call1(
+        op!("reshape"),
+        &[parts],
+        &Attrs::new().with("shape", vec![n, 2]),
+    )?;
     let part = |k: i64| {
         let attrs = Attrs::new().with("dim", 1i64).with("index", k);
-        call1("select", std::slice::from_ref(&pairs), &attrs)
+        call1(op!("select"), std::slice::from_ref(&pairs), &attrs)
     };
-    call1("complex", &[part(0)?, part(1)?], &Attrs::new())
+    call1(op!("complex"), &[part(0)?, part(1)?], &Attrs::new())
 }
 
 /// Writes `src` (shaped `layout.size`, the storage's dtype) through a view.
@@ -528,7 +532,7 @@ pub fn write(storage: &Storage, layout: &Layout, src: Tensor) -> Result<()> {
         return storage.set(src);
     }
     let base = storage.value()?;
-    let out = call1("as_strided_scatter", &[base, src], &layout.attrs())?;
+    let out = call1(op!("as_strided_scatter"), &[base, src], &layout.attrs())?;
     storage.set(out)
 }
 

@@ -1,7 +1,8 @@
 //! Execution policies: how ops on `tpu` tensors run. The trait lives here;
 //! policies register by name as [`PolicyFactory`] records (the `tpu-eager`
 //! crate submits the built-in `strict`, `debug` and `defer_and_fuse`, the
-//! [`EagerMode`]s) and are chosen by `TPU_RS_EAGER` or by a per-thread,
+//! [`EagerMode`]s) and are chosen by `TPU_RS_EAGER`, by a process-wide
+//! choice (an embedder whose work spans threads), or by a per-thread,
 //! nesting scope. A new policy needs no change here: submit a factory.
 
 use std::cell::RefCell;
@@ -9,14 +10,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use crate::Device;
 use crate::block::Block;
 use crate::error::{Error, Result};
 use crate::metrics::CutReason;
 use crate::op::{
-    Attrs, OpDef, OpErrorKind, OpId, OpResult, check_indices, check_inputs, registry, run_reference,
+    AsOp, Attrs, OpDef, OpErrorKind, OpId, OpResult, check_indices, check_inputs, registry,
+    run_reference,
 };
 use crate::profile::{self, CallSite};
 use crate::stablehlo::{Builder, TensorType, Value};
@@ -231,8 +233,8 @@ pub fn policy_name_from_env() -> Result<&'static str> {
     .clone()
 }
 
-/// A new instance of policy `name`, shared by no one (embedders that keep
-/// one policy across threads hold it; see [`EagerModeGuard::with_policy`]).
+/// A new instance of policy `name`, shared by no one ([`shared_policy`]
+/// is the process's own).
 pub fn new_policy(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
     (factory(name)?.create)()
 }
@@ -261,10 +263,49 @@ pub fn policy_for(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
     })
 }
 
-/// The policy in force on this thread: the innermost scope's, else this
-/// thread's instance of the policy `TPU_RS_EAGER` names.
+/// The policy chosen for the whole process ([`set_process_policy`]).
+static PROCESS: RwLock<Option<Arc<dyn ExecutionPolicy>>> = RwLock::new(None);
+
+/// The process's shared instance of policy `name`, made on first use and
+/// kept: switching back to a mode finds its compiled programs.
+pub fn shared_policy(name: &str) -> Result<Arc<dyn ExecutionPolicy>> {
+    static SHARED: Mutex<Vec<Arc<dyn ExecutionPolicy>>> = Mutex::new(Vec::new());
+    let name = registered_name(name)?;
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = shared.iter().find(|p| p.name() == name) {
+        return Ok(p.clone());
+    }
+    let created = new_policy(name)?;
+    shared.push(created.clone());
+    Ok(created)
+}
+
+/// The policy chosen for the whole process, if one was.
+pub fn process_policy() -> Option<Arc<dyn ExecutionPolicy>> {
+    PROCESS.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Puts `policy` in force on every thread of the process outside its own
+/// scopes (an embedder whose work spans threads: PyTorch runs backward
+/// passes on threads of its own, which must record into the forward
+/// pass's graph). The previous choice runs its pending work first.
+pub fn set_process_policy(policy: Arc<dyn ExecutionPolicy>) -> Result<()> {
+    let previous = process_policy();
+    if let Some(previous) = previous.filter(|p| !Arc::ptr_eq(p, &policy)) {
+        previous.flush(CutReason::Sync)?;
+    }
+    *PROCESS.write().unwrap_or_else(|e| e.into_inner()) = Some(policy);
+    Ok(())
+}
+
+/// The policy in force on this thread: the innermost scope's, else the
+/// process's choice, else this thread's instance of the policy
+/// `TPU_RS_EAGER` names.
 pub fn current_policy() -> Result<Arc<dyn ExecutionPolicy>> {
-    match SCOPES.with(|s| s.borrow().last().cloned()) {
+    if let Some(policy) = SCOPES.with(|s| s.borrow().last().cloned()) {
+        return Ok(policy);
+    }
+    match process_policy() {
         Some(policy) => Ok(policy),
         None => policy_for(policy_name_from_env()?),
     }
@@ -379,10 +420,21 @@ pub fn call(
     attrs: &Attrs,
     device: Option<Device>,
 ) -> Result<Vec<Tensor>> {
+    call_op(name, inputs, attrs, device)
+}
+
+/// [`call`] of an op named by id or interned name (`call_op(op!("add"), ..)`),
+/// with no lookup by name on a hot path.
+#[track_caller]
+pub fn call_op<O: AsOp + ?Sized>(
+    op: &O,
+    inputs: &[Tensor],
+    attrs: &Attrs,
+    device: Option<Device>,
+) -> Result<Vec<Tensor>> {
     let location = profile::call_site(Location::caller());
-    let registry = registry()?;
-    let id = registry.id(name)?;
-    let op = registry.op(id);
+    let id = op.op_id()?;
+    let op = registry()?.op(id);
     let mut span = profile::span("op", op.name);
     if span.recording() {
         span.arg("at", location.to_string());

@@ -468,3 +468,35 @@ fn deferred_errors_surface_at_the_cut_naming_the_users_op() {
     })
     .unwrap();
 }
+
+#[test]
+fn an_op_called_by_interned_name_or_id_equals_the_call_by_name() {
+    use tpu_core::policy::{call, call_op};
+    let x = ramp(&[2, 3], 0.5, Device::Tpu(0));
+    let attrs = Attrs::new();
+    let device = Some(Device::Tpu(0));
+    let by_name = call("mul", &[x.clone(), x.clone()], &attrs, device).unwrap();
+    let interned = tpu_core::op!("mul");
+    let by_interned = call_op(interned, &[x.clone(), x.clone()], &attrs, device).unwrap();
+    let id = tpu_core::op::registry().unwrap().id("mul").unwrap();
+    let by_id = call_op(&id, &[x.clone(), x.clone()], &attrs, device).unwrap();
+    assert_eq!(values(&by_interned[0]), values(&by_name[0]));
+    assert_eq!(values(&by_id[0]), values(&by_name[0]));
+    // An unknown interned name fails as the name does, listing the ops.
+    let unknown = call_op(
+        tpu_core::op!("no_such_op"),
+        std::slice::from_ref(&x),
+        &attrs,
+        device,
+    )
+    .unwrap_err()
+    .to_string();
+    let named = call("no_such_op", &[x], &attrs, device)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(unknown, named);
+    assert!(
+        unknown.contains("no_such_op") && unknown.contains("mul"),
+        "{unknown}"
+    );
+}

@@ -2,7 +2,7 @@
 //! fused multiply-adds optimizers run per parameter, each with PyTorch's
 //! type promotion and its in-place form.
 
-use tpu_core::op::Attrs;
+use tpu_core::op::{Attrs, OpName};
 use tpu_core::{DType, Tensor};
 
 use super::{Call, Done, NativeOp, apply, apply_with, error, op};
@@ -25,9 +25,9 @@ fn both(
     name: &'static str,
     inplace: &'static str,
     promote: &'static [usize],
-    f: impl Fn(&Call<'_>) -> Result<Tensor> + Copy + Send + Sync + 'static,
+    f: impl Fn(&Call<'_>) -> Result<Tensor> + Clone + Send + Sync + 'static,
 ) {
-    functional(ops, name, promote, f);
+    functional(ops, name, promote, f.clone());
     ops.push(op(inplace, promote, move |c| c.write(0, f(c)?)));
 }
 
@@ -57,20 +57,24 @@ const SAME_UNARY: &[(&str, &str, &str)] = &[
 
 pub fn register(ops: &mut Vec<NativeOp>) {
     for &(name, inplace, core) in FLOAT_UNARY {
+        let core = OpName::new(core);
         let f = move |c: &Call<'_>| {
             let d = float_or(c.dtype(0)?, c.default_float);
-            apply(core, &[cast(c.tensor(0)?, d)?])
+            apply(&core, &[cast(c.tensor(0)?, d)?])
         };
         both(ops, name, inplace, &[], f);
     }
     for &(name, inplace, core) in SAME_UNARY {
+        let core = OpName::new(core);
         let f = move |c: &Call<'_>| {
             let x = c.tensor(0)?;
-            match (core, x.dtype()) {
+            match (core.name(), x.dtype()) {
                 // Unsigned: abs is the value itself, neg wraps around.
                 ("abs", DType::U8 | DType::U32) => Ok(x),
-                ("neg", d @ (DType::U8 | DType::U32)) => apply("sub", &[c.constant(d, 0.0)?, x]),
-                _ => apply(core, &[x]),
+                ("neg", d @ (DType::U8 | DType::U32)) => {
+                    apply(op!("sub"), &[c.constant(d, 0.0)?, x])
+                }
+                _ => apply(&core, &[x]),
             }
         };
         both(ops, name, inplace, &[], f);
@@ -78,7 +82,7 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     both(ops, "silu", "silu_", &[], |c| {
         let x = float_input(c, "silu")?;
         let d = x.dtype();
-        cast(apply("silu", &[cast(x, opmath(d))?])?, d)
+        cast(apply(op!("silu"), &[cast(x, opmath(d))?])?, d)
     });
     both(ops, "pow.Tensor_Scalar", "pow_.Scalar", &[0, 1], pow_scalar);
     functional(ops, "rsub.Tensor", &[0, 1], rsub);
@@ -129,19 +133,19 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         } else {
             x
         };
-        apply("logical_not", &[x])
+        apply(op!("logical_not"), &[x])
     });
-    for name in ["isnan", "isinf"] {
+    for (name, core) in [("isnan", op!("isnan")), ("isinf", op!("isinf"))] {
         functional(ops, name, &[], move |c| {
             let x = c.tensor(0)?;
             if x.dtype().is_float() {
-                return apply(name, &[x]);
+                return apply(core, &[x]);
             }
             if x.dtype().is_complex() {
                 // A complex number is NaN (infinite) where either part is.
-                let re = apply(name, &[apply("real", std::slice::from_ref(&x))?])?;
-                let im = apply(name, &[apply("imag", &[x])?])?;
-                return apply("logical_or", &[re, im]);
+                let re = apply(core, &[apply(op!("real"), std::slice::from_ref(&x))?])?;
+                let im = apply(core, &[apply(op!("imag"), &[x])?])?;
+                return apply(op!("logical_or"), &[re, im]);
             }
             // Integers are never NaN or infinite.
             full(DType::Bool, x.shape().dims(), 0.0, c.device()?)
@@ -201,11 +205,11 @@ fn float_input(c: &Call<'_>, op: &str) -> Result<Tensor> {
 /// operands in their promoted dtype.
 fn promoted_binary(
     name: &'static str,
-) -> impl Fn(&Call<'_>) -> Result<Tensor> + Copy + Send + Sync {
-    let core = name.split('.').next().unwrap_or(name);
+) -> impl Fn(&Call<'_>) -> Result<Tensor> + Clone + Send + Sync {
+    let core = OpName::new(name.split('.').next().unwrap_or(name));
     move |c| {
         let d = c.promoted()?;
-        apply(core, &[c.operand(0, d)?, c.operand(1, d)?])
+        apply(&core, &[c.operand(0, d)?, c.operand(1, d)?])
     }
 }
 
@@ -227,7 +231,7 @@ fn pow_scalar(c: &Call<'_>) -> Result<Tensor> {
         ));
     }
     let x = cast(c.tensor(0)?, d)?;
-    let mul = |a: &Tensor, b: &Tensor| apply("mul", &[a.clone(), b.clone()]);
+    let mul = |a: &Tensor, b: &Tensor| apply(op!("mul"), &[a.clone(), b.clone()]);
     let by_value = if c.dtype(1)? == DType::Bool {
         None
     } else if e == 2.0 {
@@ -237,22 +241,22 @@ fn pow_scalar(c: &Call<'_>) -> Result<Tensor> {
     } else if !d.is_float() {
         None
     } else if e == 0.5 {
-        Some(apply("sqrt", std::slice::from_ref(&x))?)
+        Some(apply(op!("sqrt"), std::slice::from_ref(&x))?)
     } else if e == -0.5 {
         Some(apply(
-            "reciprocal",
-            &[apply("sqrt", std::slice::from_ref(&x))?],
+            op!("reciprocal"),
+            &[apply(op!("sqrt"), std::slice::from_ref(&x))?],
         )?)
     } else if e == -1.0 {
-        Some(apply("reciprocal", std::slice::from_ref(&x))?)
+        Some(apply(op!("reciprocal"), std::slice::from_ref(&x))?)
     } else if e == -2.0 {
-        Some(apply("reciprocal", &[mul(&x, &x)?])?)
+        Some(apply(op!("reciprocal"), &[mul(&x, &x)?])?)
     } else {
         None
     };
     match by_value {
         Some(v) => Ok(v),
-        None => apply("pow", &[x, c.operand(1, d)?]),
+        None => apply(op!("pow"), &[x, c.operand(1, d)?]),
     }
 }
 
@@ -269,16 +273,19 @@ fn rsub(c: &Call<'_>) -> Result<Tensor> {
     let alpha = if c.has(2) { c.number(2)? } else { 1.0 };
     let mut x = c.operand(0, d)?;
     if alpha != 1.0 {
-        x = apply("mul", &[x, c.constant(d, alpha)?])?;
+        x = apply(op!("mul"), &[x, c.constant(d, alpha)?])?;
     }
-    apply("sub", &[c.operand(1, d)?, x])
+    apply(op!("sub"), &[c.operand(1, d)?, x])
 }
 
 /// `where(condition, self, other)` in their promoted dtype.
 fn select(c: &Call<'_>) -> Result<Tensor> {
     let d = c.promoted()?;
     let condition = c.tensor(0)?;
-    apply("where", &[condition, c.operand(1, d)?, c.operand(2, d)?])
+    apply(
+        op!("where"),
+        &[condition, c.operand(1, d)?, c.operand(2, d)?],
+    )
 }
 
 /// `self` with `value` where `mask` is set.
@@ -296,7 +303,10 @@ fn masked_fill(c: &Call<'_>) -> Result<Tensor> {
             c.sizes(2)?.len()
         )));
     }
-    apply("where", &[c.tensor(1)?, c.operand(2, d)?, c.tensor(0)?])
+    apply(
+        op!("where"),
+        &[c.tensor(1)?, c.operand(2, d)?, c.tensor(0)?],
+    )
 }
 
 /// `self + weight * (end - self)`, as PyTorch's CPU kernel computes it:
@@ -338,24 +348,34 @@ pub enum Weight {
 /// when `|w| >= 0.5`, as PyTorch's CPU kernel computes it: that keeps
 /// `w = 1` exact.
 pub fn lerp_in(c: &Call<'_>, x: Tensor, end: Tensor, weight: Weight, m: DType) -> Result<Tensor> {
-    let diff = apply("sub", &[end.clone(), x.clone()])?;
+    let diff = apply(op!("sub"), &[end.clone(), x.clone()])?;
     match weight {
-        Weight::Number(w) if w.abs() < 0.5 => {
-            apply("add", &[x, apply("mul", &[c.constant(m, w)?, diff])?])
-        }
+        Weight::Number(w) if w.abs() < 0.5 => apply(
+            op!("add"),
+            &[x, apply(op!("mul"), &[c.constant(m, w)?, diff])?],
+        ),
         Weight::Number(w) => apply(
-            "sub",
-            &[end, apply("mul", &[diff, c.constant(m, one_minus(w, m))?])?],
+            op!("sub"),
+            &[
+                end,
+                apply(op!("mul"), &[diff, c.constant(m, one_minus(w, m))?])?,
+            ],
         ),
         Weight::Tensor(w) => {
             let small = apply(
-                "lt",
-                &[apply("abs", std::slice::from_ref(&w))?, c.constant(m, 0.5)?],
+                op!("lt"),
+                &[
+                    apply(op!("abs"), std::slice::from_ref(&w))?,
+                    c.constant(m, 0.5)?,
+                ],
             )?;
-            let near_self = apply("add", &[x, apply("mul", &[w.clone(), diff.clone()])?])?;
-            let one_minus = apply("sub", &[c.constant(m, 1.0)?, w])?;
-            let near_end = apply("sub", &[end, apply("mul", &[diff, one_minus])?])?;
-            apply("where", &[small, near_self, near_end])
+            let near_self = apply(
+                op!("add"),
+                &[x, apply(op!("mul"), &[w.clone(), diff.clone()])?],
+            )?;
+            let one_minus = apply(op!("sub"), &[c.constant(m, 1.0)?, w])?;
+            let near_end = apply(op!("sub"), &[end, apply(op!("mul"), &[diff, one_minus])?])?;
+            apply(op!("where"), &[small, near_self, near_end])
         }
     }
 }
@@ -380,7 +400,7 @@ pub fn opmath(d: DType) -> DType {
 }
 
 /// `self + value * t1 <op> t2`, evaluated left to right as the CPU does.
-fn pointwise(c: &Call<'_>, op: &str) -> Result<Tensor> {
+fn pointwise(c: &Call<'_>, op: &OpName) -> Result<Tensor> {
     let d = c.promoted()?;
     let m = opmath(d);
     let operand = |i: usize| cast(c.operand(i, d)?, m);
@@ -391,14 +411,14 @@ fn pointwise(c: &Call<'_>, op: &str) -> Result<Tensor> {
     };
     let mut t1 = operand(1)?;
     if (re, im) != (1.0, 0.0) {
-        t1 = apply("mul", &[number(m, re, im, c.device()?)?, t1])?;
+        t1 = apply(op!("mul"), &[number(m, re, im, c.device()?)?, t1])?;
     }
     let term = apply(op, &[t1, operand(2)?])?;
-    cast(apply("add", &[operand(0)?, term])?, d)
+    cast(apply(op!("add"), &[operand(0)?, term])?, d)
 }
 
 fn addcmul(c: &Call<'_>) -> Result<Tensor> {
-    pointwise(c, "mul")
+    pointwise(c, op!("mul"))
 }
 
 fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
@@ -409,7 +429,7 @@ fn addcdiv(c: &Call<'_>) -> Result<Tensor> {
              torch.floor_divide instead.",
         ));
     }
-    pointwise(c, "div")
+    pointwise(c, op!("div"))
 }
 
 /// `~x`: logical for bool, else `x ^ all-ones` (-1 in signed types, the
@@ -418,7 +438,7 @@ fn bitwise_not(c: &Call<'_>) -> Result<Tensor> {
     let d = c.dtype(0)?;
     let x = c.tensor(0)?;
     let ones = match d {
-        DType::Bool => return apply("logical_not", &[x]),
+        DType::Bool => return apply(op!("logical_not"), &[x]),
         DType::U8 => f64::from(u8::MAX),
         DType::U32 => f64::from(u32::MAX),
         d if d.is_float() => {
@@ -428,14 +448,14 @@ fn bitwise_not(c: &Call<'_>) -> Result<Tensor> {
         }
         _ => -1.0,
     };
-    apply("bitwise_xor", &[x, c.constant(d, ones)?])
+    apply(op!("bitwise_xor"), &[x, c.constant(d, ones)?])
 }
 
 /// `y` itself, or its conjugate when complex: the derivative factors of
 /// complex gradients are conjugated.
 fn conj(y: Tensor) -> Result<Tensor> {
     if y.dtype().is_complex() {
-        apply("conj", &[y])
+        apply(op!("conj"), &[y])
     } else {
         Ok(y)
     }
@@ -447,10 +467,10 @@ fn tanh_backward(c: &Call<'_>) -> Result<Tensor> {
     let m = opmath(d);
     let y = conj(cast(c.tensor(1)?, m)?)?;
     let one_minus = apply(
-        "sub",
-        &[c.constant(m, 1.0)?, apply("mul", &[y.clone(), y])?],
+        op!("sub"),
+        &[c.constant(m, 1.0)?, apply(op!("mul"), &[y.clone(), y])?],
     )?;
-    cast(apply("mul", &[c.operand(0, m)?, one_minus])?, d)
+    cast(apply(op!("mul"), &[c.operand(0, m)?, one_minus])?, d)
 }
 
 /// `grad * (1 - y) * y`, in the CPU's order.
@@ -458,9 +478,12 @@ fn sigmoid_backward(c: &Call<'_>) -> Result<Tensor> {
     let d = c.dtype(1)?;
     let m = opmath(d);
     let y = conj(cast(c.tensor(1)?, m)?)?;
-    let one_minus = apply("sub", &[c.constant(m, 1.0)?, y.clone()])?;
+    let one_minus = apply(op!("sub"), &[c.constant(m, 1.0)?, y.clone()])?;
     cast(
-        apply("mul", &[apply("mul", &[c.operand(0, m)?, one_minus])?, y])?,
+        apply(
+            op!("mul"),
+            &[apply(op!("mul"), &[c.operand(0, m)?, one_minus])?, y],
+        )?,
         d,
     )
 }
@@ -469,8 +492,8 @@ fn sigmoid_backward(c: &Call<'_>) -> Result<Tensor> {
 fn threshold_backward(c: &Call<'_>) -> Result<Tensor> {
     let d = c.dtype(1)?;
     let g = c.dtype(0)?;
-    let keep = apply("gt", &[c.tensor(1)?, c.operand(2, d)?])?;
-    apply("where", &[keep, c.tensor(0)?, c.constant(g, 0.0)?])
+    let keep = apply(op!("gt"), &[c.tensor(1)?, c.operand(2, d)?])?;
+    apply(op!("where"), &[keep, c.tensor(0)?, c.constant(g, 0.0)?])
 }
 
 fn approximate(c: &Call<'_>, i: usize) -> Result<&'static str> {
@@ -489,7 +512,7 @@ fn gelu(c: &Call<'_>) -> Result<Tensor> {
     let x = float_input(c, "gelu")?;
     let d = x.dtype();
     let out = apply_with(
-        "gelu",
+        op!("gelu"),
         &[cast(x, opmath(d))?],
         Attrs::new().with("approximate", how),
     )?;

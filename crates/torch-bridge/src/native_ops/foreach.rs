@@ -8,6 +8,7 @@
 //! differ within a pair, tensor scalars for `addcmul`/`addcdiv`) decline to
 //! that composite.
 
+use tpu_core::op::OpName;
 use tpu_core::{DType, Tensor};
 
 use super::elementwise::{Weight, lerp_in, opmath};
@@ -71,10 +72,10 @@ fn both(
 
 pub fn register(ops: &mut Vec<NativeOp>) {
     for (base, core, overloads) in [
-        ("add", "add", &ALL[..]),
-        ("sub", "sub", &ALL[..3]),
-        ("mul", "mul", &ALL[..]),
-        ("div", "div", &ALL[..]),
+        ("add", op!("add"), &ALL[..]),
+        ("sub", op!("sub"), &ALL[..3]),
+        ("mul", op!("mul"), &ALL[..]),
+        ("div", op!("div"), &ALL[..]),
     ] {
         for &other in overloads {
             both(ops, base, other.suffix(), move |c, i| {
@@ -85,15 +86,15 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     for other in [Other::Scalar, Other::ScalarList, Other::List] {
         both(ops, "lerp", other.suffix(), move |c, i| lerp(c, i, other));
     }
-    for (base, core) in [("addcmul", "mul"), ("addcdiv", "div")] {
+    for (base, core) in [("addcmul", op!("mul")), ("addcdiv", op!("div"))] {
         for other in [Other::Scalar, Other::ScalarList] {
             both(ops, base, other.suffix(), move |c, i| {
                 pointwise(c, i, core, other)
             });
         }
     }
-    for core in ["sqrt", "neg"] {
-        both(ops, core, "", move |c, i| {
+    for (base, core) in [("sqrt", op!("sqrt")), ("neg", op!("neg"))] {
+        both(ops, base, "", move |c, i| {
             let (x, _) = first(c, i, &[])?;
             x.map(|x| apply(core, &[x])).transpose()
         });
@@ -186,7 +187,7 @@ fn list_number(c: &Call<'_>, k: usize, i: usize) -> Result<f64> {
 /// as PyTorch's CPU computes each tensor's op: half types in float32,
 /// rounded once, with numbers rounded to the half type first (a divisor or
 /// a 0-dim tensor to float32).
-fn binary(c: &Call<'_>, i: usize, core: &str, other: Other) -> Result<Option<Tensor>> {
+fn binary(c: &Call<'_>, i: usize, core: &OpName, other: Other) -> Result<Option<Tensor>> {
     let lists: &[usize] = if other == Other::List { &[1] } else { &[] };
     let (Some(x), d) = first(c, i, lists)? else {
         return Ok(None);
@@ -201,7 +202,7 @@ fn binary(c: &Call<'_>, i: usize, core: &str, other: Other) -> Result<Option<Ten
     let m = opmath(d);
     // A number as PyTorch holds it: in `d`, or in `m` for a divisor.
     let number = |v: f64| -> Result<Tensor> {
-        if core == "div" {
+        if core.name() == "div" {
             c.constant(m, v)
         } else {
             cast(c.constant(d, v)?, m)
@@ -221,7 +222,7 @@ fn binary(c: &Call<'_>, i: usize, core: &str, other: Other) -> Result<Option<Ten
         1.0
     };
     if alpha != 1.0 {
-        y = apply("mul", &[y, cast(c.constant(d, alpha)?, m)?])?;
+        y = apply(op!("mul"), &[y, cast(c.constant(d, alpha)?, m)?])?;
     }
     Ok(Some(cast(apply(core, &[cast(x, m)?, y])?, d)?))
 }
@@ -245,7 +246,7 @@ fn lerp(c: &Call<'_>, i: usize, other: Other) -> Result<Option<Tensor>> {
 
 /// `x + value * t1 <op> t2` left to right, as PyTorch's CPU kernel:
 /// arguments self, tensor1, tensor2 (lists), value (argument 3).
-fn pointwise(c: &Call<'_>, i: usize, core: &str, other: Other) -> Result<Option<Tensor>> {
+fn pointwise(c: &Call<'_>, i: usize, core: &OpName, other: Other) -> Result<Option<Tensor>> {
     let (Some(x), d) = first(c, i, &[1, 2])? else {
         return Ok(None);
     };
@@ -258,8 +259,8 @@ fn pointwise(c: &Call<'_>, i: usize, core: &str, other: Other) -> Result<Option<
     };
     let mut t1 = cast(read(list_item(c, 1, i)?)?, m)?;
     if value != 1.0 {
-        t1 = apply("mul", &[c.constant(m, value)?, t1])?;
+        t1 = apply(op!("mul"), &[c.constant(m, value)?, t1])?;
     }
     let term = apply(core, &[t1, cast(read(list_item(c, 2, i)?)?, m)?])?;
-    Ok(Some(cast(apply("add", &[x, term])?, d)?))
+    Ok(Some(cast(apply(op!("add"), &[x, term])?, d)?))
 }

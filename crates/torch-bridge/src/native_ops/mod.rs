@@ -14,7 +14,7 @@ mod tensors;
 
 use std::sync::{Arc, OnceLock};
 
-use tpu_core::op::{Attrs, OpErrorKind};
+use tpu_core::op::{AsOp, Attrs, OpErrorKind};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
@@ -682,19 +682,19 @@ pub fn store_into(t: &ffi::TensorRef<'_>, value: Tensor) -> Result<()> {
     view(t)?.write(value)
 }
 
-/// `name(inputs)` with no attributes.
-pub fn apply(name: &str, inputs: &[Tensor]) -> Result<Tensor> {
-    call1(name, inputs, &Attrs::new())
+/// `op(inputs)` with no attributes.
+pub fn apply<O: AsOp + ?Sized>(op: &O, inputs: &[Tensor]) -> Result<Tensor> {
+    call1(op, inputs, &Attrs::new())
 }
 
-/// `name(inputs)` with `attrs`.
-pub fn apply_with(name: &str, inputs: &[Tensor], attrs: Attrs) -> Result<Tensor> {
-    call1(name, inputs, &attrs)
+/// `op(inputs)` with `attrs`.
+pub fn apply_with<O: AsOp + ?Sized>(op: &O, inputs: &[Tensor], attrs: Attrs) -> Result<Tensor> {
+    call1(op, inputs, &attrs)
 }
 
 /// `x` with the same elements in `shape`.
 pub fn reshape(x: Tensor, shape: &[usize]) -> Result<Tensor> {
-    apply_with("reshape", &[x], Attrs::new().with("shape", shape))
+    apply_with(op!("reshape"), &[x], Attrs::new().with("shape", shape))
 }
 
 /// A runtime error with PyTorch's message.

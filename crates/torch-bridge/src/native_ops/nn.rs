@@ -14,9 +14,9 @@ pub fn register(ops: &mut Vec<NativeOp>) {
     ops.push(op("native_dropout", &[], dropout));
     ops.push(op("native_dropout_backward", &[], |c| {
         let d = c.dtype(0)?;
-        let masked = apply("mul", &[c.tensor(0)?, cast(c.tensor(1)?, d)?])?;
+        let masked = apply(op!("mul"), &[c.tensor(0)?, cast(c.tensor(1)?, d)?])?;
         Ok(Done::one(apply(
-            "mul",
+            op!("mul"),
             &[masked, c.constant(d, c.number(2)?)?],
         )?))
     }));
@@ -82,13 +82,16 @@ fn layer_norm(c: &Call<'_>) -> Result<Done> {
         .map(|t| cast(t, compute))
         .collect::<Result<Vec<_>>>()?;
     let attrs = Attrs::new().with("normalized_dims", k).with("eps", eps);
-    let out = cast(apply_with("layer_norm", &inputs, attrs)?, input.dtype())?;
+    let out = cast(
+        apply_with(op!("layer_norm"), &inputs, attrs)?,
+        input.dtype(),
+    )?;
     let rank = sizes.len() as i64;
     let dims: Vec<i64> = (rank - k as i64..rank).collect();
     let x = cast(input, stats_dtype(c.dtype(0)?))?;
     let mean = reduce("mean", x.clone(), &dims, true)?;
     let var = apply_with(
-        "var",
+        op!("var"),
         &[x],
         Attrs::new()
             .with("dims", dims.as_slice())
@@ -96,7 +99,7 @@ fn layer_norm(c: &Call<'_>) -> Result<Done> {
             .with("correction", 0.0),
     )?;
     let eps = c.constant(var.dtype(), eps)?;
-    let rstd = apply("rsqrt", &[apply("add", &[var, eps])?])?;
+    let rstd = apply(op!("rsqrt"), &[apply(op!("add"), &[var, eps])?])?;
     Ok(Done::Values(vec![
         Some(out.into()),
         Some(mean.into()),
@@ -119,33 +122,41 @@ fn layer_norm_backward(c: &Call<'_>) -> Result<Done> {
     let wanted = |i: usize| mask.get(i).is_some_and(|&m| m != 0);
     let x = cast(c.tensor(1)?, compute)?;
     let g = cast(c.tensor(0)?, compute)?;
-    let centered = apply("sub", &[x, cast(c.tensor(3)?, compute)?])?;
-    let xhat = apply("mul", &[centered, cast(c.tensor(4)?, compute)?])?;
+    let centered = apply(op!("sub"), &[x, cast(c.tensor(3)?, compute)?])?;
+    let xhat = apply(op!("mul"), &[centered, cast(c.tensor(4)?, compute)?])?;
     let weight = c.tensor_opt(5)?;
     let gy = match &weight {
-        Some(w) => apply("mul", &[g.clone(), cast(w.clone(), compute)?])?,
+        Some(w) => apply(op!("mul"), &[g.clone(), cast(w.clone(), compute)?])?,
         None => g.clone(),
     };
     let grad_input = if wanted(0) {
         let m1 = reduce("mean", gy.clone(), &norm_dims, true)?;
         let m2 = reduce(
             "mean",
-            apply("mul", &[gy.clone(), xhat.clone()])?,
+            apply(op!("mul"), &[gy.clone(), xhat.clone()])?,
             &norm_dims,
             true,
         )?;
         let inner = apply(
-            "sub",
-            &[apply("sub", &[gy, m1])?, apply("mul", &[xhat.clone(), m2])?],
+            op!("sub"),
+            &[
+                apply(op!("sub"), &[gy, m1])?,
+                apply(op!("mul"), &[xhat.clone(), m2])?,
+            ],
         )?;
-        let scaled = apply("mul", &[inner, cast(c.tensor(4)?, compute)?])?;
+        let scaled = apply(op!("mul"), &[inner, cast(c.tensor(4)?, compute)?])?;
         Some(cast(scaled, input_dtype)?.into())
     } else {
         None
     };
     let grad_weight = match &weight {
         Some(w) if wanted(1) => {
-            let gw = reduce("sum", apply("mul", &[g.clone(), xhat])?, &batch_dims, false)?;
+            let gw = reduce(
+                "sum",
+                apply(op!("mul"), &[g.clone(), xhat])?,
+                &batch_dims,
+                false,
+            )?;
             Some(cast(gw, w.dtype())?.into())
         }
         _ => None,
@@ -174,8 +185,8 @@ fn dropout(c: &Call<'_>) -> Result<Done> {
     let mask = crate::random::draw("bernoulli", &shape, DType::Bool, attrs, device)?;
     let d = input.dtype();
     let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
-    let kept = apply("mul", &[input, cast(mask.clone(), d)?])?;
-    let out = apply("mul", &[kept, c.constant(d, scale)?])?;
+    let kept = apply(op!("mul"), &[input, cast(mask.clone(), d)?])?;
+    let out = apply(op!("mul"), &[kept, c.constant(d, scale)?])?;
     Ok(Done::Values(vec![Some(out.into()), Some(mask.into())]))
 }
 
@@ -197,15 +208,15 @@ fn embedding_backward(c: &Call<'_>) -> Result<Done> {
     let padding = c.int(3)?;
     if padding >= 0 {
         let keep = apply(
-            "ne",
+            op!("ne"),
             &[flat.clone(), c.constant(flat.dtype(), padding as f64)?],
         )?;
         let keep = reshape(cast(keep, rows.dtype())?, &[n, 1])?;
-        rows = apply("mul", &[rows, keep])?;
+        rows = apply(op!("mul"), &[rows, keep])?;
     }
     let zeros = full(grad.dtype(), &[c.int(2)? as usize, width], 0.0, c.device()?)?;
     let out = apply_with(
-        "index_add",
+        op!("index_add"),
         &[zeros, flat, rows],
         Attrs::new().with("dim", 0i64),
     )?;
@@ -248,17 +259,20 @@ fn picked(
     let target = c.tensor(target)?;
     let tshape = target.shape().dims().to_vec();
     let t = target.dtype();
-    let keep = apply("ne", &[target.clone(), c.constant(t, ignore_index as f64)?])?;
-    let safe = apply("where", &[keep.clone(), target, c.constant(t, 0.0)?])?;
+    let keep = apply(
+        op!("ne"),
+        &[target.clone(), c.constant(t, ignore_index as f64)?],
+    )?;
+    let safe = apply(op!("where"), &[keep.clone(), target, c.constant(t, 0.0)?])?;
     let n: usize = tshape.iter().product();
     let weight = c.tensor(weight)?;
     let per_target = apply_with(
-        "index_select",
+        op!("index_select"),
         &[weight.clone(), reshape(safe.clone(), &[n])?],
         Attrs::new().with("dim", 0i64),
     )?;
     let per_target = reshape(per_target, &tshape)?;
-    let weights = apply("mul", &[per_target, cast(keep, weight.dtype())?])?;
+    let weights = apply(op!("mul"), &[per_target, cast(keep, weight.dtype())?])?;
     let mut index_shape = tshape.clone();
     index_shape.insert(dim as usize, 1);
     Ok(Picked {
@@ -276,9 +290,12 @@ fn nll_loss(c: &Call<'_>) -> Result<Done> {
     let ignore_index = c.int(4)?;
     if !c.has(2) {
         let target = c.tensor(1)?;
-        let out = apply_with("nll_loss", &[input, target.clone()], nll_attrs(c, 3)?)?;
+        let out = apply_with(op!("nll_loss"), &[input, target.clone()], nll_attrs(c, 3)?)?;
         let t = target.dtype();
-        let counted = apply("ne", &[target.clone(), c.constant(t, ignore_index as f64)?])?;
+        let counted = apply(
+            op!("ne"),
+            &[target.clone(), c.constant(t, ignore_index as f64)?],
+        )?;
         let dims: Vec<i64> = (0..target.shape().rank() as i64).collect();
         let total = reduce("sum", cast(counted, d)?, &dims, false)?;
         return Ok(Done::Values(vec![Some(out.into()), Some(total.into())]));
@@ -298,19 +315,26 @@ fn nll_loss(c: &Call<'_>) -> Result<Done> {
         )));
     }
     let p = picked(c, 0, 1, 2, ignore_index)?;
-    let gathered = apply_with("gather", &[input, p.index], Attrs::new().with("dim", p.dim))?;
+    let gathered = apply_with(
+        op!("gather"),
+        &[input, p.index],
+        Attrs::new().with("dim", p.dim),
+    )?;
     let tshape = p.weights.shape().dims().to_vec();
     let gathered = reshape(gathered, &tshape)?;
     let losses = apply(
-        "neg",
-        &[apply("mul", &[gathered, cast(p.weights.clone(), d)?])?],
+        op!("neg"),
+        &[apply(op!("mul"), &[gathered, cast(p.weights.clone(), d)?])?],
     )?;
     let all: Vec<i64> = (0..tshape.len() as i64).collect();
     let total = reduce("sum", cast(p.weights, d)?, &all, false)?;
     let out = match reduction(c.int(3)?)? {
         "none" => losses,
         "sum" => reduce("sum", losses, &all, false)?,
-        _ => apply("div", &[reduce("sum", losses, &all, false)?, total.clone()])?,
+        _ => apply(
+            op!("div"),
+            &[reduce("sum", losses, &all, false)?, total.clone()],
+        )?,
     };
     Ok(Done::Values(vec![Some(out.into()), Some(total.into())]))
 }
@@ -336,14 +360,14 @@ fn nll_loss_backward(c: &Call<'_>) -> Result<Done> {
     let p = picked(c, 1, 2, 3, c.int(5)?)?;
     let mut g = cast(c.tensor(0)?, d)?;
     if reduction(c.int(4)?)? == "mean" {
-        g = apply("div", &[g, cast(c.tensor(6)?, d)?])?;
+        g = apply(op!("div"), &[g, cast(c.tensor(6)?, d)?])?;
     }
-    let scaled = apply("neg", &[apply("mul", &[cast(p.weights, d)?, g])?])?;
+    let scaled = apply(op!("neg"), &[apply(op!("mul"), &[cast(p.weights, d)?, g])?])?;
     let index_shape = p.index.shape().dims().to_vec();
     let scaled = reshape(scaled, &index_shape)?;
     let zeros = full(d, input.shape().dims(), 0.0, c.device()?)?;
     let out = apply_with(
-        "scatter_add",
+        op!("scatter_add"),
         &[zeros, p.index, scaled],
         Attrs::new().with("dim", p.dim),
     )?;

@@ -91,52 +91,64 @@ fn adam(c: &Call<'_>, decoupled: bool) -> Result<Done> {
         let mut p = param.clone();
         if hp.weight_decay != 0.0 {
             if decoupled {
-                let decay = apply("mul", &[lr.clone(), k(hp.weight_decay)?])?;
-                p = apply("mul", &[p, apply("sub", &[k(1.0)?, decay])?])?;
+                let decay = apply(op!("mul"), &[lr.clone(), k(hp.weight_decay)?])?;
+                p = apply(op!("mul"), &[p, apply(op!("sub"), &[k(1.0)?, decay])?])?;
             } else {
                 grad = apply(
-                    "add",
-                    &[grad, apply("mul", &[param.clone(), k(hp.weight_decay)?])?],
+                    op!("add"),
+                    &[
+                        grad,
+                        apply(op!("mul"), &[param.clone(), k(hp.weight_decay)?])?,
+                    ],
                 )?;
             }
         }
         let avg = cast(read(&avgs[i])?, m)?;
         let avg = apply(
-            "add",
+            op!("add"),
             &[
-                apply("mul", &[avg, k(hp.beta1)?])?,
-                apply("mul", &[grad.clone(), k(1.0 - hp.beta1)?])?,
+                apply(op!("mul"), &[avg, k(hp.beta1)?])?,
+                apply(op!("mul"), &[grad.clone(), k(1.0 - hp.beta1)?])?,
             ],
         )?;
         let sq = cast(read(&sqs[i])?, m)?;
-        let grad_sq = apply("mul", &[grad.clone(), grad])?;
+        let grad_sq = apply(op!("mul"), &[grad.clone(), grad])?;
         let sq = apply(
-            "add",
+            op!("add"),
             &[
-                apply("mul", &[sq, k(hp.beta2)?])?,
-                apply("mul", &[grad_sq, k(1.0 - hp.beta2)?])?,
+                apply(op!("mul"), &[sq, k(hp.beta2)?])?,
+                apply(op!("mul"), &[grad_sq, k(1.0 - hp.beta2)?])?,
             ],
         )?;
         let step = cast(read(&steps[i])?, m)?;
         let correction = |beta: f64| -> Result<Tensor> {
-            apply("sub", &[k(1.0)?, apply("pow", &[k(beta)?, step.clone()])?])
+            apply(
+                op!("sub"),
+                &[k(1.0)?, apply(op!("pow"), &[k(beta)?, step.clone()])?],
+            )
         };
-        let step_size = apply("div", &[lr, correction(hp.beta1)?])?;
-        let correction2_sqrt = apply("sqrt", &[correction(hp.beta2)?])?;
+        let step_size = apply(op!("div"), &[lr, correction(hp.beta1)?])?;
+        let correction2_sqrt = apply(op!("sqrt"), &[correction(hp.beta2)?])?;
         let mut second = sq.clone();
         if hp.amsgrad {
-            second = apply("maximum", &[cast(read(&maxes[i])?, m)?, sq.clone()])?;
+            second = apply(op!("maximum"), &[cast(read(&maxes[i])?, m)?, sq.clone()])?;
             updates.push((&maxes[i], second.clone()));
         }
         let denom = apply(
-            "add",
+            op!("add"),
             &[
-                apply("div", &[apply("sqrt", &[second])?, correction2_sqrt])?,
+                apply(
+                    op!("div"),
+                    &[apply(op!("sqrt"), &[second])?, correction2_sqrt],
+                )?,
                 k(hp.eps)?,
             ],
         )?;
-        let delta = apply("div", &[apply("mul", &[step_size, avg.clone()])?, denom])?;
-        p = apply("sub", &[p, delta])?;
+        let delta = apply(
+            op!("div"),
+            &[apply(op!("mul"), &[step_size, avg.clone()])?, denom],
+        )?;
+        p = apply(op!("sub"), &[p, delta])?;
         updates.push((&params[i], p));
         updates.push((&avgs[i], avg));
         updates.push((&sqs[i], sq));
@@ -160,11 +172,11 @@ fn param_and_grad<'a>(
 ) -> Result<(Tensor, Tensor)> {
     let mut g = cast(read(grad)?, m)?;
     if let Some(scale) = grad_scale {
-        g = apply("div", &[g, cast(scale.clone(), m)?])?;
+        g = apply(op!("div"), &[g, cast(scale.clone(), m)?])?;
         updates.push((grad, g.clone()));
     }
     if maximize {
-        g = apply("neg", &[g])?;
+        g = apply(op!("neg"), &[g])?;
     }
     Ok((cast(read(param)?, m)?, g))
 }
@@ -189,7 +201,7 @@ fn learning_rate(c: &Call<'_>, index: usize, m: DType) -> Result<Tensor> {
 /// `skip`: where `found_inf` (argument `index`), when given, is nonzero.
 fn found_inf(c: &Call<'_>, index: usize) -> Result<Option<Tensor>> {
     c.tensor_opt(index)?
-        .map(|found| apply("ne", &[found.clone(), c.constant(found.dtype(), 0.0)?]))
+        .map(|found| apply(op!("ne"), &[found.clone(), c.constant(found.dtype(), 0.0)?]))
         .transpose()
 }
 
@@ -228,21 +240,21 @@ fn sgd(c: &Call<'_>) -> Result<Done> {
             &mut updates,
         )?;
         if weight_decay != 0.0 {
-            let decay = apply("mul", &[param.clone(), k(weight_decay)?])?;
-            grad = apply("add", &[grad, decay])?;
+            let decay = apply(op!("mul"), &[param.clone(), k(weight_decay)?])?;
+            grad = apply(op!("add"), &[grad, decay])?;
         }
         if momentum != 0.0 {
             let buffer = if first_step {
                 grad.clone()
             } else {
-                let kept = apply("mul", &[cast(read(&buffers[i])?, m)?, k(momentum)?])?;
-                let added = apply("mul", &[grad.clone(), k(1.0 - dampening)?])?;
-                apply("add", &[kept, added])?
+                let kept = apply(op!("mul"), &[cast(read(&buffers[i])?, m)?, k(momentum)?])?;
+                let added = apply(op!("mul"), &[grad.clone(), k(1.0 - dampening)?])?;
+                apply(op!("add"), &[kept, added])?
             };
             grad = if nesterov {
                 apply(
-                    "add",
-                    &[grad, apply("mul", &[buffer.clone(), k(momentum)?])?],
+                    op!("add"),
+                    &[grad, apply(op!("mul"), &[buffer.clone(), k(momentum)?])?],
                 )?
             } else {
                 buffer.clone()
@@ -250,7 +262,7 @@ fn sgd(c: &Call<'_>) -> Result<Done> {
             updates.push((&buffers[i], buffer));
         }
         let lr = learning_rate(c, 5, m)?;
-        let stepped = apply("sub", &[param, apply("mul", &[lr, grad])?])?;
+        let stepped = apply(op!("sub"), &[param, apply(op!("mul"), &[lr, grad])?])?;
         updates.push((&params[i], stepped));
         write_unless_skipped(updates, skip.as_ref(), m)?;
     }
@@ -266,7 +278,10 @@ fn unless_skipped(
     m: DType,
 ) -> Result<Tensor> {
     match skip {
-        Some(skip) => apply("where", &[skip.clone(), cast(read(target)?, m)?, value]),
+        Some(skip) => apply(
+            op!("where"),
+            &[skip.clone(), cast(read(target)?, m)?, value],
+        ),
         None => Ok(value),
     }
 }
@@ -283,13 +298,16 @@ fn unscale(c: &Call<'_>) -> Result<Done> {
         let value = read(g)?;
         let m = opmath(value.dtype());
         let scaled = apply(
-            "mul",
+            op!("mul"),
             &[cast(value.clone(), m)?, cast(inv_scale.clone(), m)?],
         )?;
-        let nan = apply("isnan", std::slice::from_ref(&value))?;
-        let bad = apply("logical_or", &[nan, apply("isinf", &[value])?])?;
-        let all_finite = super::reductions::all_of(apply("logical_not", &[bad])?)?;
-        any = apply("logical_or", &[any, apply("logical_not", &[all_finite])?])?;
+        let nan = apply(op!("isnan"), std::slice::from_ref(&value))?;
+        let bad = apply(op!("logical_or"), &[nan, apply(op!("isinf"), &[value])?])?;
+        let all_finite = super::reductions::all_of(apply(op!("logical_not"), &[bad])?)?;
+        any = apply(
+            op!("logical_or"),
+            &[any, apply(op!("logical_not"), &[all_finite])?],
+        )?;
         store_into(g, scaled)?;
     }
     store_into(found, any)?;
@@ -309,16 +327,19 @@ fn update_scale(c: &Call<'_>) -> Result<Done> {
     let (growth, backoff, interval) = (c.number(3)?, c.number(4)?, c.int(5)?);
     let d = scale.dtype();
     let t = tracker.dtype();
-    let overflow = apply("ne", &[found, c.constant(DType::F32, 0.0)?])?;
-    let counted = apply("add", &[tracker.clone(), c.constant(t, 1.0)?])?;
-    let grow = apply("ge", &[counted.clone(), c.constant(t, interval as f64)?])?;
-    let grown = apply("mul", &[scale.clone(), c.constant(d, growth)?])?;
-    let backed_off = apply("mul", &[scale.clone(), c.constant(d, backoff)?])?;
-    let kept_or_grown = apply("where", &[grow.clone(), grown, scale])?;
-    let new_scale = apply("where", &[overflow.clone(), backed_off, kept_or_grown])?;
+    let overflow = apply(op!("ne"), &[found, c.constant(DType::F32, 0.0)?])?;
+    let counted = apply(op!("add"), &[tracker.clone(), c.constant(t, 1.0)?])?;
+    let grow = apply(
+        op!("ge"),
+        &[counted.clone(), c.constant(t, interval as f64)?],
+    )?;
+    let grown = apply(op!("mul"), &[scale.clone(), c.constant(d, growth)?])?;
+    let backed_off = apply(op!("mul"), &[scale.clone(), c.constant(d, backoff)?])?;
+    let kept_or_grown = apply(op!("where"), &[grow.clone(), grown, scale])?;
+    let new_scale = apply(op!("where"), &[overflow.clone(), backed_off, kept_or_grown])?;
     let zero = c.constant(t, 0.0)?;
-    let restarted = apply("where", &[grow, zero.clone(), counted])?;
-    let new_tracker = apply("where", &[overflow, zero, restarted])?;
+    let restarted = apply(op!("where"), &[grow, zero.clone(), counted])?;
+    let new_tracker = apply(op!("where"), &[overflow, zero, restarted])?;
     store_into(scale_ref, new_scale)?;
     store_into(tracker_ref, new_tracker)?;
     Ok(Done::Written)

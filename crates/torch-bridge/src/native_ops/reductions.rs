@@ -55,10 +55,10 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             None => DType::I64,
         };
         let attrs = Attrs::new().with("dim", c.int(1)?);
-        let sums = apply_with("cumsum", &[cast(x, dtype)?], attrs)?;
+        let sums = apply_with(op!("cumsum"), &[cast(x, dtype)?], attrs)?;
         Ok(Done::one(cast(sums, dtype)?))
     }));
-    for (name, core) in [("argmax", "argmax"), ("argmin", "argmin")] {
+    for (name, core) in [("argmax", op!("argmax")), ("argmin", op!("argmin"))] {
         ops.push(op(name, &[], move |c| {
             let mut attrs = Attrs::new().with("keepdim", c.flag_or(2, false)?);
             if c.has(1) {
@@ -67,7 +67,10 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             Ok(Done::one(apply_with(core, &[c.tensor(0)?], attrs)?))
         }));
     }
-    for (name, core) in [("_softmax", "softmax"), ("_log_softmax", "log_softmax")] {
+    for (name, core) in [
+        ("_softmax", op!("softmax")),
+        ("_log_softmax", op!("log_softmax")),
+    ] {
         ops.push(op(name, &[], move |c| {
             let attrs = Attrs::new().with("dim", c.int(1)?);
             let mut out = apply_with(core, &[c.tensor(0)?], attrs)?;
@@ -85,28 +88,36 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         }
         let dim = c.int(1)?;
         let out = apply_with(
-            "softmax",
+            op!("softmax"),
             std::slice::from_ref(&x),
             Attrs::new().with("dim", dim),
         )?;
         let minus_inf = c.constant(x.dtype(), f64::NEG_INFINITY)?;
-        let masked = reduce("all", apply("eq", &[x, minus_inf])?, Some(vec![dim]), true)?;
+        let masked = reduce(
+            "all",
+            apply(op!("eq"), &[x, minus_inf])?,
+            Some(vec![dim]),
+            true,
+        )?;
         let zero = c.constant(out.dtype(), 0.0)?;
-        Ok(Done::one(apply("where", &[masked, zero, out])?))
+        Ok(Done::one(apply(op!("where"), &[masked, zero, out])?))
     }));
     ops.push(op("_softmax_backward_data", &[], |c| {
         // g * y - y * sum(g * y)
         let (g, y) = in_opmath(c)?;
-        let gy = apply("mul", &[g, y.clone()])?;
+        let gy = apply(op!("mul"), &[g, y.clone()])?;
         let s = sum_keep(gy.clone(), c.int(2)?)?;
-        let out = apply("sub", &[gy, apply("mul", &[y, s])?])?;
+        let out = apply(op!("sub"), &[gy, apply(op!("mul"), &[y, s])?])?;
         Ok(Done::one(as_input_dtype(c, out)?))
     }));
     ops.push(op("_log_softmax_backward_data", &[], |c| {
         // g - exp(y) * sum(g)
         let (g, y) = in_opmath(c)?;
         let s = sum_keep(g.clone(), c.int(2)?)?;
-        let out = apply("sub", &[g, apply("mul", &[apply("exp", &[y])?, s])?])?;
+        let out = apply(
+            op!("sub"),
+            &[g, apply(op!("mul"), &[apply(op!("exp"), &[y])?, s])?],
+        )?;
         Ok(Done::one(as_input_dtype(c, out)?))
     }));
 }
@@ -167,7 +178,11 @@ fn isin(c: &Call<'_>) -> Result<Done> {
         ));
     }
     let invert = c.flag_or(3, false)?;
-    let (compare, reduce_by) = if invert { ("ne", "all") } else { ("eq", "any") };
+    let (compare, reduce_by) = if invert {
+        (op!("ne"), "all")
+    } else {
+        (op!("eq"), "any")
+    };
     let shape = elements.shape().dims().to_vec();
     let tests = c.operand(1, d)?;
     let m = tests.shape().numel();
@@ -190,7 +205,7 @@ fn isin(c: &Call<'_>) -> Result<Done> {
                 .with("dim", 0i64)
                 .with("start", start as i64)
                 .with("end", end);
-            apply_with("slice", std::slice::from_ref(&flat), at)?
+            apply_with(op!("slice"), std::slice::from_ref(&flat), at)?
         };
         let pairs = apply(compare, &[rows, tests.clone()])?;
         parts.push(reduce(reduce_by, pairs, Some(vec![1]), false)?);
@@ -198,7 +213,7 @@ fn isin(c: &Call<'_>) -> Result<Done> {
     let found = if parts.len() == 1 {
         parts.swap_remove(0)
     } else {
-        apply_with("concat", &parts, Attrs::new().with("dim", 0i64))?
+        apply_with(op!("concat"), &parts, Attrs::new().with("dim", 0i64))?
     };
     Ok(Done::one(reshape(found, &shape)?))
 }

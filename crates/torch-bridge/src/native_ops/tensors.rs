@@ -48,7 +48,11 @@ pub fn register(ops: &mut Vec<NativeOp>) {
         let (x, index) = (c.tensor(0)?, c.tensor(2)?);
         check_bounds(c, &x, dim, &index)?;
         let attrs = Attrs::new().with("dim", dim);
-        Ok(Done::one(apply_with("index_select", &[x, index], attrs)?))
+        Ok(Done::one(apply_with(
+            op!("index_select"),
+            &[x, index],
+            attrs,
+        )?))
     }));
     ops.push(op("cat", &[0], cat));
     ops.push(op("empty.memory_format", &[], |c| {
@@ -92,18 +96,18 @@ pub fn register(ops: &mut Vec<NativeOp>) {
             let x = c.tensor(0)?;
             let part = |name: &str, fill: f64| -> Result<tpu_core::Tensor> {
                 let attrs = Attrs::new().with("pad", pad.to_vec()).with("value", fill);
-                apply_with("pad", &[apply(name, std::slice::from_ref(&x))?], attrs)
+                apply_with(op!("pad"), &[apply(name, std::slice::from_ref(&x))?], attrs)
             };
-            let joined = apply("complex", &[part("real", value)?, part("imag", imag)?])?;
+            let joined = apply(op!("complex"), &[part("real", value)?, part("imag", imag)?])?;
             return Ok(Done::one(cast(joined, x.dtype())?));
         }
         if let Some(out) = crate::buckets::padded_pad(&view(c.tensor_ref(0)?)?, pad, value)? {
             return Ok(Done::one(out));
         }
         let attrs = Attrs::new().with("pad", pad.to_vec()).with("value", value);
-        Ok(Done::one(apply_with("pad", &[c.tensor(0)?], attrs)?))
+        Ok(Done::one(apply_with(op!("pad"), &[c.tensor(0)?], attrs)?))
     }));
-    for (name, core) in [("tril", "tril"), ("triu", "triu")] {
+    for (name, core) in [("tril", op!("tril")), ("triu", op!("triu"))] {
         ops.push(op(name, &[], move |c| {
             let attrs = Attrs::new().with("diagonal", c.int_or(1, 0)?);
             Ok(Done::one(apply_with(core, &[c.tensor(0)?], attrs)?))
@@ -148,7 +152,7 @@ fn arange(
     if n == 0 {
         return unwritten_on(device, dtype, vec![0], vec![1]);
     }
-    let out = crate::kernels::call("arange", &[], &attrs, device)?.remove(0);
+    let out = crate::kernels::call(op!("arange"), &[], &attrs, device)?.remove(0);
     Ok(Done::one(out))
 }
 
@@ -353,7 +357,7 @@ fn cat(c: &Call<'_>) -> Result<Done> {
         .map(|t| cast(read(t)?, dtype))
         .collect::<Result<Vec<_>>>()?;
     Ok(Done::one(apply_with(
-        "concat",
+        op!("concat"),
         &values,
         Attrs::new().with("dim", dim),
     )?))

@@ -20,7 +20,7 @@ pub use dispatch::{
 };
 pub use error::{OpError, OpErrorKind, OpResult};
 pub use host_tape::HostTape;
-pub use registry::{OpId, Registry, registry};
+pub use registry::{AsOp, OpId, OpName, Registry, registry};
 pub use sample_gen::Gen;
 pub use tape::{Tape, TapeValues, Var, VjpArgs};
 

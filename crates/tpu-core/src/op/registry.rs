@@ -11,6 +11,69 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(u32);
 
+/// An op named in code, looked up once: the [`op!`](crate::op!) macro
+/// makes one per call site, so a hot path calls by id rather than hashing
+/// the name on every call.
+#[derive(Clone, Debug)]
+pub struct OpName {
+    name: &'static str,
+    id: OnceLock<OpId>,
+}
+
+impl OpName {
+    /// The op called `name`, not yet looked up.
+    pub const fn new(name: &'static str) -> OpName {
+        OpName {
+            name,
+            id: OnceLock::new(),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// Something that names a registered op: an [`OpId`], an [`OpName`], or
+/// a name found in the registry on each call (ops chosen at run time).
+pub trait AsOp {
+    /// The op's id, or an error naming the registered ops.
+    fn op_id(&self) -> Result<OpId>;
+}
+
+impl AsOp for OpId {
+    fn op_id(&self) -> Result<OpId> {
+        Ok(*self)
+    }
+}
+
+impl AsOp for OpName {
+    fn op_id(&self) -> Result<OpId> {
+        if let Some(id) = self.id.get() {
+            return Ok(*id);
+        }
+        let id = registry()?.id(self.name)?;
+        Ok(*self.id.get_or_init(|| id))
+    }
+}
+
+impl AsOp for str {
+    fn op_id(&self) -> Result<OpId> {
+        registry()?.id(self)
+    }
+}
+
+/// A `&'static` [`OpName`] for a literal op name, interned at this call
+/// site: `call(op!("add"), ..)`.
+#[macro_export]
+macro_rules! op {
+    ($name:literal) => {{
+        static OP: $crate::op::OpName = $crate::op::OpName::new($name);
+        &OP
+    }};
+}
+
 /// All registered ops, sorted by name.
 pub struct Registry {
     ops: Vec<&'static OpDef>,
