@@ -43,7 +43,7 @@ fn main() {
     });
     check_pin(&torch.version);
 
-    let mut build = cxx_build::bridge("src/native.rs");
+    let mut build = cxx_build::bridges(["src/ffi.rs", "src/native.rs"]);
     build
         .file("native/device.cc")
         .file("native/allocator.cc")

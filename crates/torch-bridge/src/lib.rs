@@ -7,12 +7,14 @@
 //! dispatcher under the chosen eager mode, and writes rebind storages.
 //!
 //! Modules depend one way, from the bottom up: plain data (`layout`,
-//! `address`, `error`); the record of a compiled graph's run being traced
-//! (`recording`) and of values written (`writes`); op calls under the
+//! `address`, `error`, and `ffi`: what the C++ layer and the Rust side
+//! exchange, with the C++ device guard); the record of a compiled graph's
+//! run being traced (`recording`) and of values written (`writes`); op calls under the
 //! bridge's policy (`kernels`); storages (`storage`, `dlpack`); conversion
 //! between torch tensors and ours (`torch`, `args`); and on top, what
 //! Python and the C++ layer call (`ops`, `replay`, `random`, `buckets`,
-//! `native*`, `device`, `dist`).
+//! `native_ops`, then `native_kernels`, then `native`, the entry points
+//! C++ calls; `device`, `dist`).
 #![warn(missing_docs)]
 
 // `op!`: ops named in code are interned once per call site.
@@ -28,6 +30,7 @@ mod dist;
 mod dlpack;
 mod error;
 mod events;
+mod ffi;
 mod kernels;
 mod layout;
 mod native;

@@ -9,9 +9,9 @@ use tpu_core::op::Attrs;
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
+use crate::ffi;
 use crate::kernels::{call1, cast};
 use crate::kernels::{number, scalar};
-use crate::native::ffi;
 use crate::native_ops::{dtype, failure, read, storage_of, store_into};
 use crate::storage::Storage;
 

@@ -14,8 +14,8 @@ use tpu_core::{DType, Tensor};
 use super::elementwise::{Weight, lerp_in, opmath};
 use super::{Call, Done, NativeOp, Value, apply, dtype, error, op, read, store_into};
 use crate::error::Result;
+use crate::ffi;
 use crate::kernels::{cast, fused};
-use crate::native::ffi;
 
 /// Where a foreach op's second operand comes from, by overload.
 #[derive(Clone, Copy, PartialEq)]

@@ -18,10 +18,10 @@ use tpu_core::op::{AsOp, Attrs, OpErrorKind};
 use tpu_core::{DType, Tensor};
 
 use crate::error::{BridgeError, Result};
+use crate::ffi;
 use crate::kernels::{call1, cast};
 use crate::kernels::{number, scalar};
 use crate::layout::Layout;
-use crate::native::ffi;
 use crate::storage::{self, Padded, Storage};
 use crate::torch::View;
 

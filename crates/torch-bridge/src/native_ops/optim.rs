@@ -8,8 +8,8 @@ use tpu_core::{DType, Tensor};
 use super::elementwise::opmath;
 use super::{Call, Done, NativeOp, apply, error, op, read, store_into};
 use crate::error::Result;
+use crate::ffi;
 use crate::kernels::{cast, fused};
-use crate::native::ffi;
 
 pub fn register(ops: &mut Vec<NativeOp>) {
     for (name, decoupled) in [

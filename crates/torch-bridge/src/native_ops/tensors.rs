@@ -6,8 +6,8 @@ use tpu_core::policy::EagerMode;
 
 use super::{Call, Done, NativeOp, Value, apply, apply_with, error, op, read, view};
 use crate::error::{BridgeError, Result};
+use crate::ffi;
 use crate::kernels::cast;
-use crate::native::ffi;
 use crate::storage;
 
 /// c10::MemoryFormat's codes.
