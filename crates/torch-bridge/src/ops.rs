@@ -38,7 +38,8 @@ fn inputs<'py>(
 }
 
 /// Runs op `op` on `inputs` (tpu tensors, CPU tensors, numbers) and returns
-/// its outputs as new tpu tensors. With `dtype`, inputs from `cast_from`
+/// its outputs as new tpu tensors; other Python threads run meanwhile (the
+/// op may compile, or wait under Debug). With `dtype`, inputs from `cast_from`
 /// on are cast to it first (type promotion).
 #[pyfunction]
 #[pyo3(signature = (op, inputs, attrs=None, dtype=None, cast_from=0))]
@@ -51,7 +52,8 @@ pub fn run<'py>(
     cast_from: usize,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let (xs, device) = self::inputs(op, inputs, dtype, cast_from)?;
-    let outs = call(op, &xs, &self::attrs(attrs)?, device)?;
+    let attrs = self::attrs(attrs)?;
+    let outs = py.detach(|| call(op, &xs, &attrs, device))?;
     Ok(outs
         .into_iter()
         .map(|t| wrap(py, t))
@@ -71,7 +73,8 @@ pub fn run_into<'py>(
     cast_from: usize,
 ) -> PyResult<()> {
     let (xs, device) = self::inputs(op, inputs, dtype, cast_from)?;
-    let results = call(op, &xs, &self::attrs(attrs)?, device)?;
+    let attrs = self::attrs(attrs)?;
+    let results = inputs.py().detach(|| call(op, &xs, &attrs, device))?;
     if results.len() < outs.len() {
         return Err(BridgeError::internal(format!(
             "`{op}` gave {} outputs for {} out tensors",

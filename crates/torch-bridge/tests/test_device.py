@@ -25,6 +25,30 @@ def test_device_queries():
     assert torch.device("tpu").type == "tpu"
 
 
+def other_thread_ran_during(call):
+    """How often a Python thread probing every millisecond ran while `call`
+    did (past the interpreter's switch interval it runs only if `call`
+    released the GIL), and how long `call` took."""
+    stamps, stop = [], threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            stamps.append(time.monotonic())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        start = time.monotonic()
+        call()
+        end = time.monotonic()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    return sum(start + 0.02 < t < end - 0.001 for t in stamps), end - start
+
+
 @pytest.mark.parametrize("wait", ["synchronize", "cpu"])
 def test_waiting_for_the_device_lets_other_python_threads_run(mode, wait):
     # About 140 GFLOP: most of a second or more on 2 cores, so the probe
@@ -38,28 +62,25 @@ def test_waiting_for_the_device_lets_other_python_threads_run(mode, wait):
         return y
 
     work().cpu()  # compiled once, outside the measurement
-    stamps, stop = [], threading.Event()
+    y = work()
+    ran, took = other_thread_ran_during(torch.tpu.synchronize if wait == "synchronize" else y.cpu)
+    assert took > 0.2, f"the wait took only {took:.3f} s: nothing to measure"
+    assert ran, f"no other thread ran during a {took:.3f} s wait"
 
-    def probe():
-        while not stop.is_set():
-            stamps.append(time.monotonic())
-            time.sleep(0.001)
 
-    thread = threading.Thread(target=probe)
-    thread.start()
-    try:
-        y = work()
-        start = time.monotonic()
-        torch.tpu.synchronize() if wait == "synchronize" else y.cpu()
-        end = time.monotonic()
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    # Past the interpreter's switch interval, the probe runs only if the
-    # wait released the GIL.
-    inside = [t for t in stamps if start + 0.02 < t < end - 0.001]
-    assert end - start > 0.2, f"the wait took only {end - start:.3f} s: nothing to measure"
-    assert inside, f"no other thread ran during a {end - start:.3f} s wait"
+def test_an_op_through_a_python_kernel_lets_other_python_threads_run():
+    # Debug runs an op to completion in its call: one 137-GFLOP matmul
+    # through the Python kernels' entry (`_C.run`) holds the caller long
+    # enough to see whether the GIL was released around the dispatch (held,
+    # the probe runs at most once, as the call starts).
+    from torch_tpu_rs import _C
+
+    x = torch.randn(4096, 4096, device="tpu") / 64
+    with torch.tpu.set_eager_mode("debug"):
+        _C.run("matmul", [x, x])  # compiled outside the measurement
+        ran, took = other_thread_ran_during(lambda: _C.run("matmul", [x, x]))
+    assert took > 0.1, f"the op took only {took:.3f} s: nothing to measure"
+    assert ran >= 5, f"another thread ran {ran} times during a {took:.3f} s op"
 
 
 def test_eager_mode_scope_restores():
