@@ -112,6 +112,81 @@ impl Tensor {
         Tensor::apply1("avg_pool2d", &[self], attrs)
     }
 
+    /// Adaptive 2-D average pooling of `[.., H, W]` to `[.., oh, ow]`: output
+    /// cell `i` averages input rows `floor(i H / oh)` to `ceil((i + 1) H / oh)`
+    /// (and the same for columns), as PyTorch's `adaptive_avg_pool2d`; done
+    /// as two products with averaging matrices, so any sizes take one program.
+    #[track_caller]
+    pub fn adaptive_avg_pool2d(&self, output: [usize; 2]) -> Result<Tensor> {
+        let op = "adaptive_avg_pool2d";
+        let dims = self.dims();
+        if dims.len() < 3 || !self.dtype().is_float() || output.contains(&0) {
+            return Err(crate::Error::shape(
+                op,
+                format!(
+                    "takes a float [.., C, H, W] tensor and a non-zero output size; got {} {} with output {output:?}",
+                    self.dtype(),
+                    self.shape()
+                ),
+            ));
+        }
+        let (h, w) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let rows = self.averaging_matrix(output[0], h)?;
+        let cols = self.averaging_matrix(output[1], w)?.transpose(0, 1)?;
+        rows.matmul(&self.matmul(&cols)?)
+    }
+
+    /// The `[out, len]` matrix whose row `i` averages adaptive window `i` of
+    /// `len` entries, in this tensor's dtype and on its device.
+    fn averaging_matrix(&self, out: usize, len: usize) -> Result<Tensor> {
+        let mut m = vec![0.0f64; out * len];
+        for i in 0..out {
+            let (start, end) = (i * len / out, ((i + 1) * len).div_ceil(out));
+            for j in start..end {
+                m[i * len + j] = 1.0 / (end - start) as f64;
+            }
+        }
+        Tensor::from_vec(m, [out, len], self.device())?.to_dtype(self.dtype())
+    }
+
+    /// Group normalisation of `[N, C, ..]`: the channels split into `groups`,
+    /// each group normalised over its channels and the remaining dims
+    /// (biased variance, `eps` added), then an optional per-channel affine
+    /// (`[C]` weight and bias), as PyTorch's `group_norm`.
+    #[track_caller]
+    pub fn group_norm(
+        &self,
+        groups: usize,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        let dims = self.dims().to_vec();
+        if dims.len() < 2 || groups == 0 || dims[1] % groups != 0 {
+            return Err(crate::Error::shape(
+                "group_norm",
+                format!(
+                    "the channels (dim 1) of shape {} do not split into {groups} groups",
+                    self.shape()
+                ),
+            ));
+        }
+        let per_group = dims[1] / groups * dims[2..].iter().product::<usize>();
+        let grouped = self.reshape(&[dims[0] as i64, groups as i64, per_group as i64])?;
+        let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let mut y = grouped.layer_norm(1, None, None, eps)?.reshape(&shape)?;
+        // Per channel: [C] seen as [1, C, 1, ..].
+        let mut channel = vec![1i64; dims.len()];
+        channel[1] = dims[1] as i64;
+        if let Some(w) = weight {
+            y = y.mul(&w.reshape(&channel)?)?;
+        }
+        if let Some(b) = bias {
+            y = y.add(&b.reshape(&channel)?)?;
+        }
+        Ok(y)
+    }
+
     /// Layer normalisation over the last `dims` dims, with optional affine.
     #[track_caller]
     pub fn layer_norm(

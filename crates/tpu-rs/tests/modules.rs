@@ -1,10 +1,13 @@
-//! `Sequential`, activation and pooling modules, `Flatten`, and
-//! `BatchNorm2d`'s running statistics against PyTorch's formulas.
+//! `Sequential`, activation and pooling modules, `Flatten`,
+//! `BatchNorm2d`'s running statistics against PyTorch's formulas, and
+//! `GroupNorm` / `AdaptiveAvgPool2d` against PyTorch itself.
+
+mod torch;
 
 use tpu_rs::Result;
 use tpu_rs::nn::{
-    Activation, AvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module,
-    ParamStore, Sequential, mse,
+    Activation, AdaptiveAvgPool2d, AvgPool2d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten,
+    GroupNorm, Linear, MaxPool2d, Module, ParamStore, Sequential, mse,
 };
 use tpu_rs::optim::{Optimizer, Sgd};
 use tpu_rs::prelude::*;
@@ -146,5 +149,173 @@ fn a_configured_convolution_strides_dilates_and_groups_alike_everywhere() -> Res
     for (a, b) in cpu.1.iter().zip(&tpu.1) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }
+    Ok(())
+}
+
+/// `sin(0.37 k)` over `shape` in float64, `k` counting the elements.
+fn wave(shape: &[usize], rate: f64, device: Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n).map(|k| (rate * k as f64).sin()).collect();
+    Tensor::from_vec(values, shape.to_vec(), device)
+}
+
+/// PyTorch's float64 `group_norm` of the same inputs, and the gradients of
+/// `sum(y * r)`, as JSON: `y`, `dx`, `dw`, `db`.
+const GROUP_NORM: &str = r#"
+import json, math, torch
+n = lambda s: math.prod(s)
+wave = lambda s, r: torch.sin(r * torch.arange(n(s), dtype=torch.float64)).reshape(s)
+x = wave([2, 6, 5, 7], 0.37).requires_grad_()
+w = (1 + 0.1 * torch.arange(6, dtype=torch.float64)).requires_grad_()
+b = (0.05 * torch.arange(6, dtype=torch.float64)).requires_grad_()
+y = torch.nn.functional.group_norm(x, 3, w, b, 1e-5)
+(y * wave([2, 6, 5, 7], 0.11)).sum().backward()
+flat = lambda t: t.detach().flatten().tolist()
+print(json.dumps({"y": flat(y), "dx": flat(x.grad), "dw": flat(w.grad), "db": flat(b.grad)}))
+"#;
+
+fn assert_near(got: &[f64], want: &serde_json::Value, what: &str) {
+    let want: Vec<f64> = want
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-9 * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs PyTorch's {w}"
+        );
+    }
+}
+
+#[test]
+fn group_norm_equals_pytorch_with_gradients() -> Result<()> {
+    let Some(python) = torch::python("torch") else {
+        return Ok(());
+    };
+    let want = torch::run_json(&python, GROUP_NORM);
+    for device in [Device::Cpu, Device::Tpu(0)] {
+        let store = ParamStore::new(device, DType::F64, 0);
+        let gn = GroupNorm::new(&store.root().sub("gn"), 3, 6)?;
+        let ramp = |scale: f64, offset: f64| -> Result<Tensor> {
+            Tensor::from_vec(
+                (0..6).map(|c| offset + scale * c as f64).collect(),
+                [6],
+                device,
+            )
+        };
+        gn.weight.set(&ramp(0.1, 1.0)?);
+        gn.bias.set(&ramp(0.05, 0.0)?);
+        let x = wave(&[2, 6, 5, 7], 0.37, device)?.with_requires_grad(true);
+        let y = gn.forward(&x)?;
+        (&y * &wave(&[2, 6, 5, 7], 0.11, device)?)?
+            .sum_all()?
+            .backward()?;
+        assert_near(&y.to_f64_vec()?, &want["y"], "y");
+        assert_near(&x.grad().expect("dx").to_f64_vec()?, &want["dx"], "dx");
+        let grad = |p: &tpu_rs::nn::Parameter| p.get().grad().expect("a gradient").to_f64_vec();
+        assert_near(&grad(&gn.weight)?, &want["dw"], "dw");
+        assert_near(&grad(&gn.bias)?, &want["db"], "db");
+    }
+    let store = ParamStore::new(Device::Cpu, DType::F64, 0);
+    let err = GroupNorm::new(&store.root().sub("bad"), 4, 6)
+        .err()
+        .expect("4 groups of 6");
+    assert!(
+        err.to_string()
+            .contains("6 channels do not split into 4 groups"),
+        "{err}"
+    );
+    let err = wave(&[2, 6, 4], 0.1, Device::Cpu)?
+        .group_norm(4, None, None, 1e-5)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("do not split into 4 groups"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// PyTorch's `adaptive_avg_pool2d` of `[2, 3, 7, 10]` to each output size,
+/// with the gradient of `sum(y * r)`.
+const ADAPTIVE_POOL: &str = r#"
+import json, math, torch
+wave = lambda s, r: torch.sin(r * torch.arange(math.prod(s), dtype=torch.float64)).reshape(s)
+out = {}
+for size in [(3, 4), (1, 1), (7, 10), (9, 13)]:
+    x = wave([2, 3, 7, 10], 0.37).requires_grad_()
+    y = torch.nn.functional.adaptive_avg_pool2d(x, size)
+    (y * wave(list(y.shape), 0.11)).sum().backward()
+    out[str(size)] = {"y": y.detach().flatten().tolist(), "dx": x.grad.flatten().tolist()}
+print(json.dumps(out))
+"#;
+
+#[test]
+fn adaptive_average_pooling_equals_pytorch_for_any_sizes() -> Result<()> {
+    let Some(python) = torch::python("torch") else {
+        return Ok(());
+    };
+    let want = torch::run_json(&python, ADAPTIVE_POOL);
+    for device in [Device::Cpu, Device::Tpu(0)] {
+        for size in [[3, 4], [1, 1], [7, 10], [9, 13]] {
+            let key = format!("({}, {})", size[0], size[1]);
+            let x = wave(&[2, 3, 7, 10], 0.37, device)?.with_requires_grad(true);
+            let y = AdaptiveAvgPool2d::new(size).forward(&x)?;
+            assert_eq!(y.dims(), &[2, 3, size[0], size[1]]);
+            (&y * &wave(y.dims(), 0.11, device)?)?
+                .sum_all()?
+                .backward()?;
+            assert_near(
+                &y.to_f64_vec()?,
+                &want[&key]["y"],
+                &format!("{key} y on {device}"),
+            );
+            let dx = x.grad().expect("dx").to_f64_vec()?;
+            assert_near(&dx, &want[&key]["dx"], &format!("{key} dx on {device}"));
+        }
+    }
+    let ints = Tensor::from_vec(vec![1i64; 16], [1, 1, 4, 4], Device::Cpu)?;
+    let err = ints.adaptive_avg_pool2d([2, 2]).unwrap_err().to_string();
+    assert!(
+        err.contains("adaptive_avg_pool2d") && err.contains("i64"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_store_summarises_its_parameters() -> Result<()> {
+    let store = ParamStore::new(Device::Cpu, DType::F32, 0);
+    cnn(&store)?;
+    let summary = store.summary();
+    let lines: Vec<&str> = summary.lines().collect();
+    // A header, the eight parameters in name order, the totals.
+    assert_eq!(lines.len(), 10, "{summary}");
+    assert!(
+        lines[0].starts_with("parameter") && lines[0].ends_with("elements"),
+        "{summary}"
+    );
+    let conv: Vec<&str> = lines[1]
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(conv, ["0.bias", "[4]", "f32", "4"], "{summary}");
+    let weight = lines
+        .iter()
+        .find(|l| l.starts_with("0.weight"))
+        .expect("the conv weight");
+    assert!(
+        weight.contains("[4, 3, 3, 3]") && weight.ends_with(" 108"),
+        "{summary}"
+    );
+    let total = store.num_elements();
+    assert_eq!(total, 4 + 108 + 4 * 4 + 16 + 1);
+    assert_eq!(
+        lines[9],
+        format!("8 parameters, {total} elements, {} bytes on cpu", total * 4)
+    );
     Ok(())
 }

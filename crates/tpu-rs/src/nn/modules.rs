@@ -1,6 +1,6 @@
 //! Modules that compose others or hold no weights (`Sequential`,
-//! activations, pooling, `Flatten`), and `BatchNorm2d` with its running
-//! statistics.
+//! activations, pooling, `Flatten`), and the channel normalisations:
+//! `BatchNorm2d` with its running statistics, `GroupNorm`.
 
 use crate::error::{Error, Result};
 use crate::functional::Window;
@@ -150,6 +150,67 @@ impl Module for AvgPool2d {
             self.stride.unwrap_or(self.kernel),
             self.padding,
         )
+    }
+}
+
+/// Adaptive 2-D average pooling to a fixed `[oh, ow]` output, whatever the
+/// input's height and width (`[1, 1]`: global average pooling).
+#[derive(Clone, Copy, Debug)]
+pub struct AdaptiveAvgPool2d {
+    /// Output height and width.
+    pub output: [usize; 2],
+}
+
+impl AdaptiveAvgPool2d {
+    /// Pooling to `output` (height, width).
+    pub fn new(output: [usize; 2]) -> AdaptiveAvgPool2d {
+        AdaptiveAvgPool2d { output }
+    }
+}
+
+impl Module for AdaptiveAvgPool2d {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.adaptive_avg_pool2d(self.output)
+    }
+}
+
+/// Group normalisation of `[N, C, ..]` inputs with a per-channel affine
+/// (`weight`, `bias`, as PyTorch names them); the same in training and
+/// evaluation, as it keeps no running statistics.
+pub struct GroupNorm {
+    /// Scale, `[C]`.
+    pub weight: Parameter,
+    /// Shift, `[C]`.
+    pub bias: Parameter,
+    groups: usize,
+    eps: f64,
+}
+
+impl GroupNorm {
+    /// `channels` split into `groups` (which must divide them), with
+    /// PyTorch's eps (1e-5).
+    pub fn new(path: &Path, groups: usize, channels: usize) -> Result<GroupNorm> {
+        if groups == 0 || channels % groups != 0 {
+            return Err(Error::shape(
+                format!("GroupNorm({groups}, {channels})"),
+                format!("{channels} channels do not split into {groups} groups"),
+            ));
+        }
+        Ok(GroupNorm {
+            weight: path.param("weight", [channels], Init::Ones)?,
+            bias: path.param("bias", [channels], Init::Zeros)?,
+            groups,
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for GroupNorm {
+    #[track_caller]
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (w, b) = (self.weight.get(), self.bias.get());
+        x.group_norm(self.groups, Some(&w), Some(&b), self.eps)
     }
 }
 

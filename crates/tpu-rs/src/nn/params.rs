@@ -111,6 +111,64 @@ impl ParamStore {
         self.parameters().iter().map(|p| p.get().numel()).sum()
     }
 
+    /// A table of every parameter (name, shape, dtype, elements) and the
+    /// totals, in PyTorch's `state_dict` order of names (sorted):
+    /// `println!("{}", store.summary())`.
+    pub fn summary(&self) -> String {
+        let rows: Vec<[String; 4]> = self
+            .parameters()
+            .iter()
+            .map(|p| {
+                let t = p.get();
+                [
+                    p.name().to_string(),
+                    t.shape().to_string(),
+                    t.dtype().to_string(),
+                    t.numel().to_string(),
+                ]
+            })
+            .collect();
+        let header = ["parameter", "shape", "dtype", "elements"].map(String::from);
+        let mut widths = header.clone().map(|h| h.len());
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let line = |row: &[String; 4]| {
+            format!(
+                "{:<a$}  {:<b$}  {:<c$}  {:>d$}\n",
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                a = widths[0],
+                b = widths[1],
+                c = widths[2],
+                d = widths[3]
+            )
+        };
+        let mut out = line(&header);
+        for row in &rows {
+            out += &line(row);
+        }
+        let bytes: usize = self
+            .parameters()
+            .iter()
+            .map(|p| {
+                let t = p.get();
+                t.numel() * t.dtype().size_in_bytes()
+            })
+            .sum();
+        out += &format!(
+            "{} parameters, {} elements, {bytes} bytes on {}\n",
+            rows.len(),
+            self.num_elements(),
+            self.device()
+        );
+        out
+    }
+
     /// Training mode (dropout active, batch statistics) or evaluation.
     pub fn set_training(&self, training: bool) {
         self.inner.training.store(training, Ordering::Relaxed);
