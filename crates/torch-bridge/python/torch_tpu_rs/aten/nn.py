@@ -781,8 +781,18 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         groups = query.shape[-3] // key.shape[-3]
         key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
     keep = torch.arange(capacity, device=key.device) < held
-    # Without a mask of the caller's, no row loses every key to the masks.
-    return _attention(query, key, value, attn_mask, is_causal, scale, keep, safe=attn_mask is not None)[0]
+    if attn_mask is None:
+        mask = keep
+    elif attn_mask.dtype == torch.bool:
+        mask = attn_mask & keep
+    else:
+        mask = attn_mask.masked_fill(~keep, float("-inf"))
+    # One program over the whole bucket (a row that every mask empties
+    # gives zeros, as PyTorch's math path does).
+    attrs = {"causal": bool(is_causal)}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    return _C.run("scaled_dot_product_attention", [query, key, value, mask], attrs)[0]
 
 
 def _over_padded_keys(query, key, value, attn_mask, dropout_p, enable_gqa):
@@ -814,32 +824,21 @@ def _sdpa_flash_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, at
     return _attention(query, key, value, attn_mask, is_causal, scale)
 
 
-def _attention(query, key, value, attn_mask, is_causal, scale, keep=None, safe=False):
+def _attention(query, key, value, attn_mask, is_causal, scale):
     """Softmax attention and the row-wise log-sum-exp of its scaled, masked
     scores, computed in f32 for f16 and bf16 as the CPU kernel does (the
-    log-sum-exp stays f32). ``keep`` (bool, over keys) masks keys out;
-    ``safe`` gives rows with every key masked zeros (PyTorch's math path)
-    rather than NaN."""
+    log-sum-exp stays f32)."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     dtype = query.dtype
     query, key, value = (t.to(_accumulator(dtype)) for t in (query, key, value))
-    if keep is None:
-        s = torch.matmul(query, key.transpose(-2, -1)) * scale
-    else:
-        # Over a padded key, scaling the (unpadded) query is one program
-        # fewer per bucket.
-        s = torch.matmul(query * scale, key.transpose(-2, -1))
+    s = torch.matmul(query, key.transpose(-2, -1)) * scale
     if is_causal:
         causal = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
-    if keep is not None:
-        s = torch.where(keep, s, float("-inf"))
-    # The padded path (``keep``) returns the output alone.
-    lse = None if keep is not None else torch.logsumexp(s, -1)
-    weights = aten._safe_softmax(s, -1) if safe else torch.softmax(s, -1)
-    out = torch.matmul(weights, value)
+    lse = torch.logsumexp(s, -1)
+    out = torch.matmul(torch.softmax(s, -1), value)
     return out.to(dtype), lse
 
 
