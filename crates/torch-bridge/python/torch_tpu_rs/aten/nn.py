@@ -787,9 +787,13 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         mask = attn_mask & keep
     else:
         mask = attn_mask.masked_fill(~keep, float("-inf"))
+    if is_causal:
+        # Top-left aligned over the keys held, as PyTorch's causal mask.
+        causal = torch.ones(query.shape[-2], capacity, dtype=torch.bool, device=key.device).tril()
+        mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
     # One program over the whole bucket (a row that every mask empties
     # gives zeros, as PyTorch's math path does).
-    attrs = {"causal": bool(is_causal)}
+    attrs = {}
     if scale is not None:
         attrs["scale"] = float(scale)
     return _C.run("scaled_dot_product_attention", [query, key, value, mask], attrs)[0]
