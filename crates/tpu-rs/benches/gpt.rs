@@ -1,5 +1,6 @@
-//! GPT training-step throughput (tokens/s) under Strict and DeferAndFuse,
-//! and PyTorch CPU eager's on the same model, measured in one run.
+//! GPT training-step throughput (tokens/s) under Strict and DeferAndFuse
+//! (and DeferAndFuse under bf16 autocast), and PyTorch CPU eager's on the
+//! same model, measured in one run.
 //! `cargo bench -p tpu-rs --bench gpt`. PyTorch comes from
 //! `TPU_RS_TORCH_PYTHON`, else the workspace's `.venv`; without it the
 //! PyTorch column says so.
@@ -40,7 +41,7 @@ struct Run {
     execute: f64,
 }
 
-fn measure(mode: EagerMode) -> Result<Run> {
+fn measure(mode: EagerMode, half: Option<DType>) -> Result<Run> {
     with_eager_mode(mode, || -> Result<Run> {
         let device = Device::default();
         let store = ParamStore::new(device, DType::F32, 1);
@@ -58,7 +59,10 @@ fn measure(mode: EagerMode) -> Result<Run> {
         let (x, y) = (ids(7)?, ids(38)?);
         // Issues one step; reading the loss finishes it.
         let mut issue = || -> Result<Tensor> {
-            let loss = model.loss(&x, &y)?;
+            let loss = match half {
+                Some(d) => tpu_rs::amp::autocast(d, || model.loss(&x, &y))??,
+                None => model.loss(&x, &y)?,
+            };
             loss.backward()?;
             opt.step()?;
             opt.zero_grad();
@@ -113,8 +117,9 @@ fn torch_cpu_eager() -> std::result::Result<f64, String> {
 
 fn main() -> Result<()> {
     println!("{}", tpu_core::Runtime::global()?.describe(0)?);
-    let strict = measure(EagerMode::Strict)?;
-    let fused = measure(EagerMode::DeferAndFuse)?;
+    let strict = measure(EagerMode::Strict, None)?;
+    let fused = measure(EagerMode::DeferAndFuse, None)?;
+    let fused_bf16 = measure(EagerMode::DeferAndFuse, Some(DType::BF16))?;
     let torch = torch_cpu_eager();
     let c = CONFIG;
     let peer = match &torch {
@@ -138,7 +143,16 @@ fn main() -> Result<()> {
         "defer_and_fuse vs strict {:.2}x",
         fused.tokens_per_second / strict.tokens_per_second
     );
-    for (name, run) in [("strict", &strict), ("defer_and_fuse", &fused)] {
+    println!(
+        "defer_and_fuse under bf16 autocast {:.0} tokens/s, {:.2}x f32's",
+        fused_bf16.tokens_per_second,
+        fused_bf16.tokens_per_second / fused.tokens_per_second
+    );
+    for (name, run) in [
+        ("strict", &strict),
+        ("defer_and_fuse", &fused),
+        ("dnf + bf16", &fused_bf16),
+    ] {
         println!(
             "{name:<15} programs/step {:>5}  trace {:>7.1} ms  execute {:>7.1} ms  first step {:.2} s  first 3 steps {:.2} s  peak {:.1} MiB",
             run.programs,

@@ -15,6 +15,7 @@
 //! equal shards of each batch, averaging gradients over the replicas.
 #![warn(missing_docs)]
 
+pub mod amp;
 mod autograd;
 pub mod checkpoint;
 mod complex;

@@ -333,6 +333,9 @@ impl Tensor {
     #[track_caller]
     pub fn apply(op: &str, inputs: &[&Tensor], attrs: Attrs) -> Result<Vec<Tensor>> {
         crate::link();
+        if let Some(cast) = crate::amp::cast_inputs(op, inputs)? {
+            return Tensor::apply(op, &cast.iter().collect::<Vec<_>>(), attrs);
+        }
         let values: Vec<tpu_core::Tensor> = inputs.iter().map(|t| t.inner.value.clone()).collect();
         let outputs = tpu_core::policy::call(op, &values, &attrs, None)?;
         let record = autograd::is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
