@@ -319,3 +319,48 @@ fn a_store_summarises_its_parameters() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn forward_t_picks_the_mode_per_call_whatever_the_store_says() -> Result<()> {
+    let store = ParamStore::new(Device::Tpu(0), DType::F32, 3);
+    let root = store.root();
+    let model = Sequential::new()
+        .push(BatchNorm2d::new(&root.sub("0"), 3)?)
+        .push(tpu_rs::nn::Dropout::new(&store, 0.5));
+    let bn = BatchNorm2d::new(&root.sub("probe"), 3)?;
+    let x = input(Device::Tpu(0))?;
+    let running = |m: &BatchNorm2d| -> Result<Vec<f64>> { m.running_stats().0.to_f64_vec() };
+
+    // The store trains; one call evaluates: running statistics (zero mean,
+    // unit variance: y = x / sqrt(1 + eps)), no dropout, nothing updated.
+    store.set_training(true);
+    let y = model.forward_t(&x, false)?.to_f64_vec()?;
+    let scale = 1.0 / (1.0f64 + 1e-5).sqrt();
+    for (a, b) in y.iter().zip(x.to_f64_vec()?) {
+        assert!((a - b * scale).abs() < 1e-5, "{a} vs {}", b * scale);
+    }
+    assert!(running(&bn)?.iter().all(|&m| m == 0.0));
+    bn.forward_t(&x, false)?;
+    assert!(
+        running(&bn)?.iter().all(|&m| m == 0.0),
+        "an evaluating call updated the statistics"
+    );
+
+    // The store evaluates; one call trains: batch statistics update the
+    // running mean, and dropout zeroes about half the elements.
+    store.set_training(false);
+    bn.forward_t(&x, true)?;
+    assert!(
+        running(&bn)?.iter().any(|&m| m != 0.0),
+        "a training call kept the statistics"
+    );
+    let y = model.forward_t(&x, true)?.to_f64_vec()?;
+    let zeros = y.iter().filter(|&&v| v == 0.0).count();
+    assert!((100..284).contains(&zeros), "{zeros} of 384 dropped");
+    // And plain forward follows the store again.
+    assert_eq!(
+        model.forward(&x)?.to_f64_vec()?,
+        model.forward_t(&x, false)?.to_f64_vec()?
+    );
+    Ok(())
+}

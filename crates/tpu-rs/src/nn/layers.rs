@@ -10,9 +10,19 @@ use crate::tensor::Tensor;
 
 /// Something with a forward pass.
 pub trait Module {
-    /// Applies the layer.
+    /// Applies the layer, in the parameter store's mode (training or
+    /// evaluation: dropout, batch statistics).
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Applies the layer in training (`true`) or evaluation mode for this
+    /// call alone, whatever the store's mode. Layers without a mode of
+    /// their own run [`Module::forward`].
+    #[track_caller]
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let _ = train;
+        self.forward(x)
+    }
 }
 
 /// `y = x W^T + b` with `W: [out, in]` (PyTorch's layout).
@@ -304,7 +314,12 @@ impl Dropout {
 impl Module for Dropout {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.store.is_training() || self.p == 0.0 {
+        self.forward_t(x, self.store.is_training())
+    }
+
+    #[track_caller]
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        if !train || self.p == 0.0 {
             return Ok(x.clone());
         }
         // A fresh key per call; a tensor, so new keys never recompile.

@@ -43,6 +43,13 @@ impl Module for Sequential {
             .iter()
             .try_fold(x.clone(), |x, layer| layer.forward(&x))
     }
+
+    #[track_caller]
+    fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.layers
+            .iter()
+            .try_fold(x.clone(), |x, layer| layer.forward_t(&x, train))
+    }
 }
 
 /// An elementwise activation as a module.
@@ -258,6 +265,11 @@ impl BatchNorm2d {
 impl Module for BatchNorm2d {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_t(x, self.store.is_training())
+    }
+
+    #[track_caller]
+    fn forward_t(&self, x: &Tensor, training: bool) -> Result<Tensor> {
         if x.rank() < 2 || x.dims()[1] != self.channels {
             return Err(Error::shape(
                 format!("BatchNorm2d({})", self.channels),
@@ -268,7 +280,6 @@ impl Module for BatchNorm2d {
                 ),
             ));
         }
-        let training = self.store.is_training();
         let stats = |p: &Parameter| p.get().detach();
         let (y, mean, var) = x.batch_norm(
             &self.weight.get(),
