@@ -331,14 +331,14 @@ impl Tensor {
     /// Rolls each of `dims` (all when empty) by half its size, so the
     /// zero frequency moves to the centre.
     #[track_caller]
-    pub fn fftshift(&self, dims: &[i64]) -> Result<Tensor> {
-        self.shift_half(dims, false)
+    pub fn fftshift(&self, dims: impl Into<crate::Dims>) -> Result<Tensor> {
+        self.shift_half(dims.into().as_slice(), false)
     }
 
     /// The inverse of [`Tensor::fftshift`].
     #[track_caller]
-    pub fn ifftshift(&self, dims: &[i64]) -> Result<Tensor> {
-        self.shift_half(dims, true)
+    pub fn ifftshift(&self, dims: impl Into<crate::Dims>) -> Result<Tensor> {
+        self.shift_half(dims.into().as_slice(), true)
     }
 
     #[track_caller]

@@ -22,6 +22,7 @@ mod complex;
 pub mod data;
 #[doc = include_str!("../../../docs/rust-guide.md")]
 pub mod guide {}
+mod dims;
 mod display;
 pub mod dist;
 mod error;
@@ -36,6 +37,7 @@ mod stft;
 mod tensor;
 
 pub use autograd::{is_grad_enabled, no_grad};
+pub use dims::Dims;
 pub use error::{Error, Result};
 pub use fft::FftNorm;
 pub use functional::Window;

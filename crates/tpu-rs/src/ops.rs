@@ -6,6 +6,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 use tpu_core::DType;
 use tpu_core::op::Attrs;
 
+use crate::dims::Dims;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -29,8 +30,10 @@ macro_rules! binary_methods {
     )*};
 }
 
-fn dims_attrs(dims: &[i64], keepdim: bool) -> Attrs {
-    Attrs::new().with("dims", dims).with("keepdim", keepdim)
+fn dims_attrs(dims: impl Into<Dims>, keepdim: bool) -> Attrs {
+    Attrs::new()
+        .with("dims", dims.into().as_slice())
+        .with("keepdim", keepdim)
 }
 
 impl Tensor {
@@ -139,37 +142,37 @@ impl Tensor {
 
     /// Sum over `dims` (all when empty).
     #[track_caller]
-    pub fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    pub fn sum(&self, dims: impl Into<Dims>, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1("sum", &[self], reduce_attrs(dims, keepdim))
     }
 
     /// Sum of every element.
     #[track_caller]
     pub fn sum_all(&self) -> Result<Tensor> {
-        self.sum(&[], false)
+        self.sum((), false)
     }
 
     /// Mean over `dims` (all when empty).
     #[track_caller]
-    pub fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    pub fn mean(&self, dims: impl Into<Dims>, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1("mean", &[self], reduce_attrs(dims, keepdim))
     }
 
     /// Mean of every element.
     #[track_caller]
     pub fn mean_all(&self) -> Result<Tensor> {
-        self.mean(&[], false)
+        self.mean((), false)
     }
 
     /// Maximum over `dims`.
     #[track_caller]
-    pub fn max(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    pub fn max(&self, dims: impl Into<Dims>, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1("max", &[self], reduce_attrs(dims, keepdim))
     }
 
     /// Minimum over `dims`.
     #[track_caller]
-    pub fn min(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    pub fn min(&self, dims: impl Into<Dims>, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1("min", &[self], reduce_attrs(dims, keepdim))
     }
 
@@ -199,8 +202,12 @@ impl Tensor {
 
     /// Reshape (one `-1` allowed).
     #[track_caller]
-    pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
-        Tensor::apply1("reshape", &[self], Attrs::new().with("shape", shape))
+    pub fn reshape(&self, shape: impl Into<Dims>) -> Result<Tensor> {
+        Tensor::apply1(
+            "reshape",
+            &[self],
+            Attrs::new().with("shape", shape.into().as_slice()),
+        )
     }
 
     /// Broadcast to `shape`.
@@ -211,8 +218,12 @@ impl Tensor {
 
     /// Permute dimensions.
     #[track_caller]
-    pub fn permute(&self, dims: &[i64]) -> Result<Tensor> {
-        Tensor::apply1("permute", &[self], Attrs::new().with("dims", dims))
+    pub fn permute(&self, dims: impl Into<Dims>) -> Result<Tensor> {
+        Tensor::apply1(
+            "permute",
+            &[self],
+            Attrs::new().with("dims", dims.into().as_slice()),
+        )
     }
 
     /// Swap two dimensions.
@@ -249,8 +260,9 @@ impl Tensor {
     }
 }
 
-fn reduce_attrs(dims: &[i64], keepdim: bool) -> Attrs {
-    if dims.is_empty() {
+fn reduce_attrs(dims: impl Into<Dims>, keepdim: bool) -> Attrs {
+    let dims = dims.into();
+    if dims.as_slice().is_empty() {
         Attrs::new().with("keepdim", keepdim)
     } else {
         dims_attrs(dims, keepdim)
@@ -358,7 +370,7 @@ macro_rules! reduce_methods {
     ($($name:ident),* $(,)?) => {$(
         #[doc = concat!("`", stringify!($name), "` over `dims` (all when empty).")]
         #[track_caller]
-        pub fn $name(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        pub fn $name(&self, dims: impl Into<Dims>, keepdim: bool) -> Result<Tensor> {
             Tensor::apply1(stringify!($name), &[self], reduce_attrs(dims, keepdim))
         }
     )*};
@@ -370,7 +382,7 @@ impl Tensor {
 
     /// Variance over `dims` with Bessel's `correction`.
     #[track_caller]
-    pub fn var(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+    pub fn var(&self, dims: impl Into<Dims>, correction: i64, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1(
             "var",
             &[self],
@@ -380,7 +392,7 @@ impl Tensor {
 
     /// Standard deviation over `dims` with Bessel's `correction`.
     #[track_caller]
-    pub fn std(&self, dims: &[i64], correction: i64, keepdim: bool) -> Result<Tensor> {
+    pub fn std(&self, dims: impl Into<Dims>, correction: i64, keepdim: bool) -> Result<Tensor> {
         Tensor::apply1(
             "std",
             &[self],
@@ -400,11 +412,12 @@ impl Tensor {
 
     /// Removes size-1 dims (`dims` empty: all of them).
     #[track_caller]
-    pub fn squeeze(&self, dims: &[i64]) -> Result<Tensor> {
-        let attrs = if dims.is_empty() {
+    pub fn squeeze(&self, dims: impl Into<Dims>) -> Result<Tensor> {
+        let dims = dims.into();
+        let attrs = if dims.as_slice().is_empty() {
             Attrs::new()
         } else {
-            Attrs::new().with("dims", dims)
+            Attrs::new().with("dims", dims.as_slice())
         };
         Tensor::apply1("squeeze", &[self], attrs)
     }
@@ -470,8 +483,12 @@ impl Tensor {
 
     /// Reverses along `dims`.
     #[track_caller]
-    pub fn flip(&self, dims: &[i64]) -> Result<Tensor> {
-        Tensor::apply1("flip", &[self], Attrs::new().with("dims", dims))
+    pub fn flip(&self, dims: impl Into<Dims>) -> Result<Tensor> {
+        Tensor::apply1(
+            "flip",
+            &[self],
+            Attrs::new().with("dims", dims.into().as_slice()),
+        )
     }
 
     /// Upper triangle from `diagonal`.

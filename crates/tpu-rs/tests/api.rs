@@ -238,3 +238,27 @@ fn arithmetic_takes_tensors_owned_or_borrowed_and_numbers_on_either_side() -> Re
     }
     Ok(())
 }
+
+#[test]
+fn dims_are_taken_in_every_spelling() -> tpu_rs::Result<()> {
+    let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Tpu(0))?;
+    let want = x.reshape([2, 3, 4])?;
+    let dims: Vec<usize> = want.dims().to_vec();
+    for y in [
+        x.reshape((2, 3, 4))?,
+        x.reshape(&[2i64, 3, -1])?,
+        x.reshape(vec![2usize, 3, 4])?,
+        x.reshape(&dims)?,
+        x.reshape(want.dims())?,
+    ] {
+        assert_eq!(y.dims(), &[2, 3, 4]);
+        assert_eq!(y.to_f64_vec()?, want.to_f64_vec()?);
+    }
+    let s = want.sum(1, false)?;
+    assert_eq!(s.to_f64_vec()?, want.sum([1], false)?.to_f64_vec()?);
+    assert_eq!(s.dims(), &[2, 4]);
+    assert_eq!(want.sum((), false)?.item()?, 276.0);
+    assert_eq!(want.permute((2, 0, 1))?.dims(), &[4, 2, 3]);
+    assert_eq!(want.mean(&[0usize, 2][..], true)?.dims(), &[1, 3, 1]);
+    Ok(())
+}

@@ -67,7 +67,7 @@ fn cases() -> Vec<(&'static str, Ours)> {
             x.rfftn(None, None, Backward)?
                 .irfftn(Some(&[3, 10]), None, Backward)
         }),
-        ("torch.fft.fftshift(x)", |x| x.fftshift(&[])),
+        ("torch.fft.fftshift(x)", |x| x.fftshift(())),
         ("torch.fft.ifftshift(x, dim=1)", |x| x.ifftshift(&[1])),
         ("torch.fft.fftfreq(9, 0.5)", |_| {
             Tensor::fftfreq(9, 0.5, DType::F32, Device::Tpu(0))
