@@ -78,8 +78,8 @@ impl Tensor {
                 format!("takes a last dim of size 2, got {}", self.ty()),
             ));
         }
-        let re = self.narrow(-1, 0, 1)?.squeeze(&[-1])?;
-        let im = self.narrow(-1, 1, 1)?.squeeze(&[-1])?;
+        let re = self.narrow(-1, 0, 1)?.squeeze([-1])?;
+        let im = self.narrow(-1, 1, 1)?.squeeze([-1])?;
         Tensor::complex(&re, &im)
     }
 }

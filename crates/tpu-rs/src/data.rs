@@ -79,7 +79,7 @@ impl Dataset for TensorDataset {
         let i = index as i64;
         self.fields
             .iter()
-            .map(|t| t.slice(0, i, i + 1, 1)?.squeeze(&[0]))
+            .map(|t| t.slice(0, i, i + 1, 1)?.squeeze([0]))
             .collect()
     }
 

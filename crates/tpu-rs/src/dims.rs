@@ -91,10 +91,10 @@ mod tests {
     fn every_spelling_gives_the_same_dims() {
         let want = vec![2, -1];
         assert_eq!(dims([2, -1]), want);
-        assert_eq!(dims(&[2i64, -1]), want);
+        assert_eq!(dims([2i64, -1]), want);
         assert_eq!(dims((2, -1)), want);
         assert_eq!(dims(vec![2i64, -1]), want);
-        assert_eq!(dims(&vec![2i32, -1]), want);
+        assert_eq!(dims(vec![2i32, -1]), want);
         assert_eq!(dims(&[2i64, -1][..]), want);
         assert_eq!(dims([2usize, 3]), vec![2, 3]);
         assert_eq!(dims(&[2usize, 3][..]), vec![2, 3]);

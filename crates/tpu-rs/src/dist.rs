@@ -532,7 +532,7 @@ fn buckets(tys: &[TensorType], bytes: usize) -> Vec<Range<usize>> {
 fn flatten(ts: &[Tensor]) -> Result<Tensor> {
     let flat = ts
         .iter()
-        .map(|t| t.reshape(&[-1]))
+        .map(|t| t.reshape([-1]))
         .collect::<Result<Vec<_>>>()?;
     match flat.as_slice() {
         [one] => Ok(one.clone()),
@@ -545,13 +545,13 @@ fn unflatten(flat: &Tensor, tys: &[TensorType]) -> Result<Vec<Tensor>> {
     let dims =
         |ty: &TensorType| -> Vec<i64> { ty.shape.dims().iter().map(|&d| d as i64).collect() };
     if let [ty] = tys {
-        return Ok(vec![flat.reshape(&dims(ty))?]);
+        return Ok(vec![flat.reshape(dims(ty))?]);
     }
     let sizes: Vec<i64> = tys.iter().map(|ty| ty.shape.numel() as i64).collect();
     flat.split(0, &sizes)?
         .iter()
         .zip(tys)
-        .map(|(piece, ty)| piece.reshape(&dims(ty)))
+        .map(|(piece, ty)| piece.reshape(dims(ty)))
         .collect()
 }
 

@@ -172,7 +172,7 @@ impl Tensor {
             ));
         }
         let per_group = dims[1] / groups * dims[2..].iter().product::<usize>();
-        let grouped = self.reshape(&[dims[0] as i64, groups as i64, per_group as i64])?;
+        let grouped = self.reshape([dims[0] as i64, groups as i64, per_group as i64])?;
         let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         let mut y = grouped.layer_norm(1, None, None, eps)?.reshape(&shape)?;
         // Per channel: [C] seen as [1, C, 1, ..].

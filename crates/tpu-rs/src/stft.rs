@@ -120,8 +120,8 @@ impl Stft {
 fn reflect_pad(x: &Tensor, p: usize) -> Result<Tensor> {
     let n = x.dims()[1] as i64;
     let p = p as i64;
-    let left = x.narrow(1, 1, p)?.flip(&[1])?;
-    let right = x.narrow(1, n - 1 - p, p)?.flip(&[1])?;
+    let left = x.narrow(1, 1, p)?.flip([1])?;
+    let right = x.narrow(1, n - 1 - p, p)?.flip([1])?;
     Tensor::cat(&[&left, x, &right], 1)
 }
 
@@ -145,7 +145,7 @@ impl Tensor {
         let mut x = if batched {
             self.clone()
         } else {
-            self.reshape(&[1, -1])?
+            self.reshape([1, -1])?
         };
         if o.center {
             let p = o.n_fft / 2;
@@ -171,7 +171,7 @@ impl Tensor {
         let at = o.positions(frames, self.device())?;
         let framed = x
             .index_select(1, &at)?
-            .reshape(&[rows, frames as i64, o.n_fft as i64])?;
+            .reshape([rows, frames as i64, o.n_fft as i64])?;
         let w = o.full_window(window, self.dtype(), self.device())?;
         let framed = (&framed * &w)?;
         let spectrum = if o.onesided {
@@ -183,7 +183,7 @@ impl Tensor {
         if batched {
             Ok(spectrum)
         } else {
-            spectrum.squeeze(&[0])
+            spectrum.squeeze([0])
         }
     }
 
@@ -231,10 +231,10 @@ impl Tensor {
         // Overlap-add the frames, and the squared window the same way.
         let samples = o.n_fft + o.hop_length * (frames.max(1) - 1);
         let at = o.positions(frames, device)?;
-        let flat = framed.reshape(&[rows as i64, (frames * o.n_fft) as i64])?;
+        let flat = framed.reshape([rows as i64, (frames * o.n_fft) as i64])?;
         let y = Tensor::zeros([rows, samples], dtype, device)?.index_add(1, &at, &flat)?;
-        let w2 = (&w * &w)?.reshape(&[1, o.n_fft as i64])?;
-        let w2 = w2.broadcast_to(&[frames, o.n_fft])?.reshape(&[-1])?;
+        let w2 = (&w * &w)?.reshape([1, o.n_fft as i64])?;
+        let w2 = w2.broadcast_to(&[frames, o.n_fft])?.reshape([-1])?;
         let envelope = Tensor::zeros([samples], dtype, device)?.index_add(0, &at, &w2)?;
         let start = if o.center { o.n_fft / 2 } else { 0 };
         let end = match length {
@@ -248,7 +248,7 @@ impl Tensor {
         let lowest = if kept == 0 {
             1.0
         } else {
-            envelope.abs()?.min(&[0], false)?.item()?
+            envelope.abs()?.min([0], false)?.item()?
         };
         if lowest < 1e-11 {
             return fail(format!(
@@ -259,6 +259,6 @@ impl Tensor {
         if end > samples {
             y = y.pad(&[0, (end - samples.max(start)) as i64], 0.0)?;
         }
-        if batched { Ok(y) } else { y.squeeze(&[0]) }
+        if batched { Ok(y) } else { y.squeeze([0]) }
     }
 }

@@ -46,7 +46,7 @@ fn methods_agree_across_devices() -> Result<()> {
             indices.to_f64_vec()?,
             x.softmax(-1)?.to_f64_vec()?,
             x.transpose(0, 1)?.matmul(x)?.to_f64_vec()?,
-            x.var(&[1], 1, false)?.to_f64_vec()?,
+            x.var([1], 1, false)?.to_f64_vec()?,
             x.cumsum(1)?.to_f64_vec()?,
         ])
     };
@@ -114,7 +114,7 @@ fn functional_methods_agree_across_devices() -> Result<()> {
             },
         )?;
         let avg = conv.avg_pool2d(2, 2, 0)?;
-        let flat = pooled.reshape(&[1, -1])?;
+        let flat = pooled.reshape([1, -1])?;
         let ln = flat.layer_norm(1, None, None, 1e-5)?;
         let rms = flat.rms_norm(1, None, 1e-6)?;
         let q = Tensor::uniform(&key, [1, 2, 4, 8], DType::F32, -1.0, 1.0)?;
@@ -126,7 +126,7 @@ fn functional_methods_agree_across_devices() -> Result<()> {
             &Tensor::ones([3, 4], DType::F32, device)?,
         )?;
         let logits = Tensor::arange(0.0, 12.0, 1.0, DType::F32, device)?
-            .reshape(&[3, 4])?
+            .reshape([3, 4])?
             .scale(0.1)?;
         let ce = logits.cross_entropy(&idx)?;
         let nll = logits.log_softmax(-1)?.nll_loss(&idx)?;
@@ -246,7 +246,7 @@ fn dims_are_taken_in_every_spelling() -> tpu_rs::Result<()> {
     let dims: Vec<usize> = want.dims().to_vec();
     for y in [
         x.reshape((2, 3, 4))?,
-        x.reshape(&[2i64, 3, -1])?,
+        x.reshape([2i64, 3, -1])?,
         x.reshape(vec![2usize, 3, 4])?,
         x.reshape(&dims)?,
         x.reshape(want.dims())?,

@@ -68,7 +68,7 @@ fn cases() -> Vec<(&'static str, Ours)> {
                 .irfftn(Some(&[3, 10]), None, Backward)
         }),
         ("torch.fft.fftshift(x)", |x| x.fftshift(())),
-        ("torch.fft.ifftshift(x, dim=1)", |x| x.ifftshift(&[1])),
+        ("torch.fft.ifftshift(x, dim=1)", |x| x.ifftshift([1])),
         ("torch.fft.fftfreq(9, 0.5)", |_| {
             Tensor::fftfreq(9, 0.5, DType::F32, Device::Tpu(0))
         }),
@@ -79,7 +79,7 @@ fn cases() -> Vec<(&'static str, Ours)> {
             Tensor::polar(&x.abs()?, x)?.angle()
         }),
         ("torch.view_as_complex(x.reshape(3, 5, 2)).abs()", |x| {
-            x.reshape(&[3, 5, 2])?.view_as_complex()?.abs()
+            x.reshape([3, 5, 2])?.view_as_complex()?.abs()
         }),
     ]
 }
@@ -231,12 +231,12 @@ fn rotary(x: &Tensor, angles: &Tensor) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let turns = Tensor::polar(&angles.ones_like()?, angles)?;
     let pairs = x
-        .reshape(&[dims[0] as i64, dims[1] as i64 / 2, 2])?
+        .reshape([dims[0] as i64, dims[1] as i64 / 2, 2])?
         .view_as_complex()?;
     let turned = (&pairs * &turns)?;
     turned
         .view_as_real()?
-        .reshape(&[dims[0] as i64, dims[1] as i64])
+        .reshape([dims[0] as i64, dims[1] as i64])
 }
 
 /// The loss after each of 20 SGD steps of a projection followed by a
@@ -330,7 +330,7 @@ fn stft_istft_and_their_gradients_equal_pytorch() -> Result<()> {
         onesided: false,
         ..Stft::new(50).hop(10)
     };
-    let full = x.narrow(0, 0, 1)?.squeeze(&[0])?.stft(Some(&w40), &plain)?;
+    let full = x.narrow(0, 0, 1)?.squeeze([0])?.stft(Some(&w40), &plain)?;
     let zero_padded = Stft {
         reflect: false,
         ..Stft::new(32).hop(8)

@@ -14,7 +14,7 @@ use tpu_rs::prelude::*;
 
 fn input(device: Device) -> Result<Tensor> {
     Tensor::arange(0.0, 2.0 * 3.0 * 8.0 * 8.0, 1.0, DType::F32, device)?
-        .reshape(&[2, 3, 8, 8])?
+        .reshape([2, 3, 8, 8])?
         .scale(0.01)?
         .sin()
 }

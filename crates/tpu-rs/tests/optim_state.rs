@@ -32,9 +32,9 @@ fn run(kind: &str) -> Result<Run> {
 
 fn step(r: &mut Run, k: usize) -> Result<f64> {
     let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32, Device::Tpu(0))?
-        .reshape(&[6, 4])?
+        .reshape([6, 4])?
         .scale(0.05 * (1.0 + k as f64))?;
-    let y = x.sum(&[1], true)?.sin()?;
+    let y = x.sum([1], true)?.sin()?;
     let h = r.layers[0].forward(&x)?.tanh()?;
     let loss = mse(&r.layers[1].forward(&h)?, &y)?;
     r.opt.zero_grad();

@@ -70,7 +70,7 @@ fn thread_work(k: usize) -> Result<()> {
             let a = Tensor::from_slice(&values, [6, 8], device)?;
             let b = a.transpose(0, 1)?.scale(0.5 + k as f64)?;
             let y = a.matmul(&b)?.tanh()?.add_scalar(i as f64)?;
-            y.sum(&[1], false)?.to_f64_vec()
+            y.sum([1], false)?.to_f64_vec()
         };
         let (got, want) = (chain(Device::Tpu(0))?, chain(Device::Cpu)?);
         for (g, w) in got.iter().zip(&want) {

@@ -104,7 +104,7 @@ impl Gpt {
 /// The next token `[batch, 1]` from the last position's logits `[batch, 1, vocab]`.
 fn pick(logits: &Tensor, sampling: Sampling, step: usize) -> Result<Tensor> {
     let vocab = logits.dims()[2];
-    let logits = logits.reshape(&[-1, vocab as i64])?;
+    let logits = logits.reshape([-1, vocab as i64])?;
     let Sampling::Random {
         temperature,
         top_k,

@@ -175,6 +175,6 @@ impl Gpt {
     pub fn loss(&self, tokens: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let logits = self.forward(tokens)?;
         let v = self.config.vocab_size as i64;
-        crate::nn::cross_entropy(&logits.reshape(&[-1, v])?, &targets.reshape(&[-1])?)
+        crate::nn::cross_entropy(&logits.reshape([-1, v])?, &targets.reshape([-1])?)
     }
 }

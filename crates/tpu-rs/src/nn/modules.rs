@@ -96,7 +96,7 @@ impl Module for Flatten {
                 "needs a batch dimension, got a scalar",
             ));
         };
-        x.reshape(&[n as i64, -1])
+        x.reshape([n as i64, -1])
     }
 }
 

@@ -59,8 +59,8 @@ impl CausalSelfAttention {
         let qkv = self.c_attn.forward(x)?;
         let split = |i: i64| -> Result<Tensor> {
             qkv.slice(-1, i * c, (i + 1) * c, 1)?
-                .reshape(&[b, t, h, c / h])?
-                .permute(&[0, 2, 1, 3])
+                .reshape([b, t, h, c / h])?
+                .permute([0, 2, 1, 3])
         };
         Ok([split(0)?, split(1)?, split(2)?])
     }
@@ -70,7 +70,7 @@ impl CausalSelfAttention {
     fn merge(&self, y: &Tensor, x: &Tensor) -> Result<Tensor> {
         let dims: Vec<i64> = x.dims().iter().map(|&d| d as i64).collect();
         self.c_proj
-            .forward(&y.permute(&[0, 2, 1, 3])?.reshape(&dims)?)
+            .forward(&y.permute([0, 2, 1, 3])?.reshape(&dims)?)
     }
 }
 
@@ -123,13 +123,13 @@ impl CausalSelfAttention {
         let (h, d) = (self.heads, self.channels / self.heads);
         let capacity = cache.keys.dims()[2];
         let at = positions
-            .reshape(&[1, 1, t as i64, 1])?
+            .reshape([1, 1, t as i64, 1])?
             .broadcast_to(&[b, h, t, d])?;
         cache.keys = cache.keys.scatter(2, &at, &k)?;
         cache.values = cache.values.scatter(2, &at, &v)?;
         // Token i sees the cached positions up to its own.
         let keys = Tensor::iota([1, capacity], 1, DType::I64, x.device())?;
-        let visible = keys.le(&positions.reshape(&[t as i64, 1])?)?;
+        let visible = keys.le(&positions.reshape([t as i64, 1])?)?;
         let scores = q
             .matmul(&cache.keys.transpose(-2, -1)?)?
             .scale(1.0 / (d as f64).sqrt())?;
