@@ -4,7 +4,7 @@
 //!
 //! Inside [`autocast`], every op a [`Tensor`] method issues is sorted as
 //! PyTorch's autocast sorts them: matrix products (`matmul`, `dot_general`,
-//! `convolution`, `scaled_dot_product_attention`) cast their f32 inputs to
+//! the convolutions, `scaled_dot_product_attention`) cast their f32 inputs to
 //! the half type; softmax, normalisations, losses, reductions and
 //! exponentials cast half inputs up to f32; any other op given floats of
 //! different widths computes in the widest. Casts are ops like any other,
@@ -29,6 +29,8 @@ const LOWER: &[&str] = &[
     "matmul",
     "dot_general",
     "convolution",
+    "conv1d",
+    "conv2d",
     "scaled_dot_product_attention",
 ];
 

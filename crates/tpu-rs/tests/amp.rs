@@ -34,6 +34,10 @@ fn autocast_runs_products_in_the_half_type_and_reductions_in_f32() -> Result<()>
         // Mixed widths compute in the wider; one width stays as it is.
         assert_eq!(half.add(&a)?.dtype(), DType::F32);
         assert_eq!(half.add(&half)?.dtype(), DType::BF16);
+        let image = wave(&[1, 2, 5, 5], 0.2, DType::F32)?;
+        let kernel = wave(&[3, 2, 3, 3], 0.5, DType::F32)?;
+        let conv = image.conv2d(&kernel, None, tpu_rs::Window::default(), 1)?;
+        assert_eq!(conv.dtype(), DType::BF16);
         // f64 products stay f64.
         let wide = a.to_dtype(DType::F64)?;
         assert_eq!(wide.matmul(&b.to_dtype(DType::F64)?)?.dtype(), DType::F64);
