@@ -66,6 +66,7 @@ pub fn autocast<R>(dtype: DType, f: impl FnOnce() -> R) -> Result<R> {
             format!("runs matrix products in bf16 or f16, not {dtype}"),
         ));
     }
+    // Restored on unwinding too.
     struct Restore(Option<DType>);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -84,7 +85,7 @@ pub fn autocast_dtype() -> Option<DType> {
 /// `inputs` cast as autocast wants them for `op`, or `None` when they stay
 /// as they are (no scope, or nothing to cast).
 pub(crate) fn cast_inputs(op: &str, inputs: &[&Tensor]) -> Result<Option<Vec<Tensor>>> {
-    let Some(half) = AUTOCAST.get() else {
+    let Some(half) = AUTOCAST.get().filter(|_| op != "cast") else {
         return Ok(None);
     };
     let floats = || inputs.iter().map(|t| t.dtype()).filter(|d| d.is_float());
@@ -93,8 +94,6 @@ pub(crate) fn cast_inputs(op: &str, inputs: &[&Tensor]) -> Result<Option<Vec<Ten
         (half, &|d| d != DType::F64 && d != half)
     } else if FLOAT32.contains(&op) {
         (DType::F32, &|d| d.size_in_bytes() == 2)
-    } else if op == "cast" {
-        return Ok(None);
     } else {
         match floats().reduce(wider) {
             Some(widest) => (widest, &move |d| d != widest),
@@ -104,19 +103,18 @@ pub(crate) fn cast_inputs(op: &str, inputs: &[&Tensor]) -> Result<Option<Vec<Ten
     if !floats().any(wants) {
         return Ok(None);
     }
-    no_autocast(|| {
-        inputs
-            .iter()
-            .map(|t| {
-                if t.dtype().is_float() && wants(t.dtype()) {
-                    t.to_dtype(target)
-                } else {
-                    Ok((*t).clone())
-                }
-            })
-            .collect::<Result<Vec<_>>>()
-    })
-    .map(Some)
+    // Each cast is an op too, which autocast leaves alone.
+    inputs
+        .iter()
+        .map(|t| {
+            if t.dtype().is_float() && wants(t.dtype()) {
+                t.to_dtype(target)
+            } else {
+                Ok((*t).clone())
+            }
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// The float type that holds both: the wider one, f32 for bf16 with f16.
@@ -127,18 +125,6 @@ fn wider(a: DType, b: DType) -> DType {
         _ if a == b => a,
         _ => DType::F32,
     }
-}
-
-/// Runs `f` outside any autocast scope (the casts autocast itself issues).
-fn no_autocast<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<DType>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            AUTOCAST.set(self.0);
-        }
-    }
-    let _restore = Restore(AUTOCAST.replace(None));
-    f()
 }
 
 /// Scales the loss so that f16 gradients keep their small values, and

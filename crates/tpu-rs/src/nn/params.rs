@@ -115,11 +115,14 @@ impl ParamStore {
     /// totals, in PyTorch's `state_dict` order of names (sorted):
     /// `println!("{}", store.summary())`.
     pub fn summary(&self) -> String {
+        let (mut elements, mut bytes) = (0, 0);
         let rows: Vec<[String; 4]> = self
             .parameters()
             .iter()
             .map(|p| {
                 let t = p.get();
+                elements += t.numel();
+                bytes += t.numel() * t.dtype().size_in_bytes();
                 [
                     p.name().to_string(),
                     t.shape().to_string(),
@@ -152,18 +155,9 @@ impl ParamStore {
         for row in &rows {
             out += &line(row);
         }
-        let bytes: usize = self
-            .parameters()
-            .iter()
-            .map(|p| {
-                let t = p.get();
-                t.numel() * t.dtype().size_in_bytes()
-            })
-            .sum();
         out += &format!(
-            "{} parameters, {} elements, {bytes} bytes on {}\n",
+            "{} parameters, {elements} elements, {bytes} bytes on {}\n",
             rows.len(),
-            self.num_elements(),
             self.device()
         );
         out
