@@ -58,8 +58,8 @@ pub fn policy_name() -> Result<&'static str> {
 
 /// Switches policy: pending work of the old one runs first.
 pub fn set_policy(name: &str) -> Result<()> {
+    // The environment's choice first, so a bad one is still reported.
     current()?;
-    tpu_eager::link();
     Ok(policy::set_process_policy(policy::shared_policy(name)?)?)
 }
 
