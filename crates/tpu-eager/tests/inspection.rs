@@ -547,6 +547,10 @@ fn a_growing_sequence_recompiles_only_the_ops_that_grow() {
                 let (next, h) = decode_step(&history, &weight);
                 history = next;
                 values(&h); // a host read each step, as a stopping check
+                // Each step starts with nothing queued behind the growing
+                // ops' compiles: a graph planned while launches still wait
+                // may donate differently and build a program of its own.
+                tpu_eager::launch_queued();
             }
             let m = metrics();
             let splits = m.cuts(CutReason::VaryingShapes) - before.cuts(CutReason::VaryingShapes);
